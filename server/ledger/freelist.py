@@ -1,0 +1,71 @@
+"""Intrusive doubly linked list with sentinels, after vLLM's FreeKVCacheBlockQueue.
+
+The nodes are the blocks themselves (their `prev`/`next` slots), so append,
+remove and popleft are O(1) and allocate nothing. Only unreferenced committed
+blocks are ever linked in.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+
+class _Sentinel:
+    __slots__ = ("prev", "next")
+
+    def __init__(self) -> None:
+        self.prev: Any = None
+        self.next: Any = None
+
+
+class FreeList:
+    __slots__ = ("_head", "_tail", "_size")
+
+    def __init__(self) -> None:
+        self._head = _Sentinel()
+        self._tail = _Sentinel()
+        self._head.next = self._tail
+        self._tail.prev = self._head
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def append(self, node: Any) -> None:
+        """Link `node` at the back (most recently freed)."""
+        if node.prev is not None or node.next is not None:
+            raise ValueError("node is already linked in a free list")
+        last = self._tail.prev
+        last.next = node
+        node.prev = last
+        node.next = self._tail
+        self._tail.prev = node
+        self._size += 1
+
+    def remove(self, node: Any) -> None:
+        """Unlink `node` from wherever it is, in O(1)."""
+        prev, nxt = node.prev, node.next
+        if prev is None or nxt is None:
+            raise ValueError("node is not linked in a free list")
+        prev.next = nxt
+        nxt.prev = prev
+        node.prev = node.next = None
+        self._size -= 1
+
+    def popleft(self) -> Any:
+        """Unlink and return the front node (least recently freed), or None."""
+        node = self._head.next
+        if node is self._tail:
+            return None
+        self.remove(node)
+        return node
+
+    def peekleft(self) -> Any:
+        node = self._head.next
+        return None if node is self._tail else node
+
+    def __iter__(self) -> Iterator[Any]:
+        node = self._head.next
+        while node is not self._tail:
+            nxt = node.next
+            yield node
+            node = nxt

@@ -1,0 +1,458 @@
+"""The block ledger: a pure, synchronous state machine (no asyncio, no grpc, no I/O).
+
+Callers pass the time in (`now`, seconds on a monotonic clock), so tests drive
+expiry without sleeping and the gRPC servicer stays a thin adapter.
+Every public method either completes or raises a ClientError having changed
+nothing; `check_invariants()` states what must hold between calls.
+"""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Iterable, Optional, Sequence
+
+from ..errors import (FailedPrecondition, InvalidArgument, InvariantViolation, NotFound,
+                      ResourceExhausted)
+from ..ids import HOST, BlockKey, LeaseId, NamespaceId, ReservationId, SessionId, TierName
+from .pages import iter_pages
+from .records import Block, Lease, Namespace, NamespaceDescriptor, Reservation, Session
+from .states import BlockState, Event, next_state
+from .tier import Tier, TierSpec
+from .units import pages_for_bytes
+
+S, E = BlockState, Event
+
+
+@dataclass(frozen=True)
+class LedgerConfig:
+    tiers: Sequence[TierSpec]
+    policy: str = "lru"
+    key_bytes: int = 32
+    max_keys_per_call: int = 4096
+    lease_ttl_s: float = 30.0
+    reservation_timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    matched: int
+    tiers: list[TierName]
+    lease_id: Optional[LeaseId]
+
+
+class SlotStatus:
+    RESERVED = "reserved"
+    PRESENT = "present"
+    IN_FLIGHT = "in-flight"
+
+
+@dataclass(frozen=True)
+class ReserveResult:
+    reservation_id: Optional[ReservationId]
+    statuses: list[str]
+    blocks: list[Optional[Block]]      # the reserved block per key, None when skipped
+    expires_at: float
+
+
+@dataclass
+class ExpiryReport:
+    sessions: list[SessionId] = field(default_factory=list)
+    reservations: list[ReservationId] = field(default_factory=list)
+
+
+class Ledger:
+    def __init__(self, config: LedgerConfig) -> None:
+        if not config.tiers:
+            raise ValueError("the ledger needs at least one tier")
+        self.config = config
+        self.tiers: dict[TierName, Tier] = {t.name: Tier(t, config.policy) for t in config.tiers}
+        # New blocks land in the first tier; lower tiers come with later issues.
+        self.top: Tier = self.tiers[config.tiers[0].name]
+        self.namespaces: dict[NamespaceId, Namespace] = {}
+        self.sessions: dict[SessionId, Session] = {}
+        self.leases: dict[LeaseId, Lease] = {}
+        self.reservations: dict[ReservationId, Reservation] = {}
+        self._next_session = 1
+        self._next_lease = 1
+        self._next_reservation = 1
+        # Monotonic counters, read by the metrics collector.
+        self.lookups = 0
+        self.lookup_keys = 0
+        self.sessions_expired = 0
+        self.reservations_timed_out = 0
+
+    # ------------------------------------------------------------ sessions
+    def register_session(self, instance_id: str, descriptor: NamespaceDescriptor,
+                         now: float) -> Session:
+        if len(instance_id.encode()) > 256:
+            raise InvalidArgument("instance_id is longer than 256 bytes")
+        descriptor.validate()
+        ns = self.namespaces.get(descriptor.digest())
+        if ns is None:
+            ppb = pages_for_bytes(descriptor.block_bytes, self.top.page_bytes)
+            if ppb > self.top.capacity_pages:
+                raise InvalidArgument(
+                    f"a block of {descriptor.block_bytes} B does not fit in the {self.top.name} tier "
+                    f"({self.top.capacity_pages * self.top.page_bytes} B); raise its capacity")
+            ns = Namespace(descriptor, ppb)
+            self.namespaces[ns.id] = ns
+        sid = SessionId(f"{self._next_session:x}-{secrets.token_hex(8)}")
+        self._next_session += 1
+        session = Session(sid, instance_id, ns, now + self.config.lease_ttl_s)
+        ns.sessions += 1
+        self.sessions[sid] = session
+        return session
+
+    def session(self, sid: SessionId, now: float) -> Session:
+        """The live session `sid`, its deadline pushed back: any call counts as a heartbeat."""
+        session = self.sessions.get(sid)
+        if session is None:
+            if self._was_issued(sid):
+                raise FailedPrecondition(
+                    f"session {sid} expired or was closed; its leases and reservations were "
+                    "released; call RegisterSession again")
+            raise NotFound(f"unknown session {sid!r}; call RegisterSession first")
+        if session.expires_at < now:
+            self._drop_session(session)
+            self.sessions_expired += 1
+            raise FailedPrecondition(
+                f"session {sid} expired: no heartbeat for {self.config.lease_ttl_s:g}s; its leases "
+                "and reservations were released; call RegisterSession again")
+        session.expires_at = now + self.config.lease_ttl_s
+        return session
+
+    def heartbeat(self, sid: SessionId, now: float) -> None:
+        self.session(sid, now)
+
+    def close_session(self, sid: SessionId, now: float) -> None:
+        self._drop_session(self.session(sid, now))
+
+    def _was_issued(self, sid: str) -> bool:
+        head = sid.split("-", 1)[0]
+        try:
+            return 0 < int(head, 16) < self._next_session and len(sid) == len(head) + 17
+        except ValueError:
+            return False
+
+    def _drop_session(self, session: Session) -> None:
+        for lid in list(session.leases):
+            self._release(self.leases[lid], discard=False, now=session.expires_at)
+        for rid in list(session.reservations):
+            self._abort(self.reservations[rid], Event.ABORT)
+        session.ns.sessions -= 1
+        del self.sessions[session.id]
+
+    # ------------------------------------------------------------ keys
+    def _check_keys(self, keys: Sequence[bytes], *, unique: bool) -> None:
+        if len(keys) > self.config.max_keys_per_call:
+            raise InvalidArgument(
+                f"{len(keys)} keys in one call; at most {self.config.max_keys_per_call}: split the call")
+        kb = self.config.key_bytes
+        for i, k in enumerate(keys):
+            if not isinstance(k, (bytes, bytearray)) or len(k) != kb:
+                got = len(k) if isinstance(k, (bytes, bytearray)) else type(k).__name__
+                raise InvalidArgument(f"key {i} has {got} bytes; every key must be {kb} bytes")
+        if unique and len(set(keys)) != len(keys):
+            raise InvalidArgument("the same key appears twice; each block is saved once per call")
+
+    # ------------------------------------------------------------ match / lease
+    def match(self, sid: SessionId, keys: Sequence[bytes], *, lease: bool, now: float) -> MatchResult:
+        """Count leading committed keys; with `lease`, pin them until release()."""
+        session = self.session(sid, now)
+        self._check_keys(keys, unique=False)
+        blocks = session.ns.blocks
+        hit: list[Block] = []
+        for k in keys:
+            b = blocks.get(k)  # type: ignore[call-overload]
+            if b is None or b.state is not S.COMMITTED:
+                break
+            hit.append(b)
+        self.lookups += 1
+        self.lookup_keys += len(keys)
+        block_tokens = session.ns.block_tokens
+        for b in hit:
+            self._touch(b, now)
+            b.tier.hit_blocks += 1
+            b.tier.hit_tokens += block_tokens
+        lease_id = None
+        if lease and hit:
+            for b in hit:
+                self._pin(b)
+            lease_id = LeaseId(self._next_lease)
+            self._next_lease += 1
+            self.leases[lease_id] = Lease(lease_id, session, hit)
+            session.leases.add(lease_id)
+        return MatchResult(len(hit), [b.tier.name for b in hit], lease_id)
+
+    def lease(self, sid: SessionId, lease_id: int, now: float) -> Lease:
+        session = self.session(sid, now)
+        lease = self.leases.get(LeaseId(lease_id))
+        if lease is None:
+            self._raise_unknown_lease(lease_id)
+        if lease.session is not session:
+            raise FailedPrecondition(f"lease {lease_id} belongs to another session")
+        return lease
+
+    def release(self, sid: SessionId, lease_id: int, now: float, *, discard: bool = False) -> None:
+        """Drop a lease. With `discard`, blocks left unreferenced are reclaimed at once."""
+        lease = self.lease(sid, lease_id, now)
+        self._release(lease, discard=discard, now=now)
+
+    def _raise_unknown_lease(self, lease_id: int) -> None:
+        if 0 < lease_id < self._next_lease:
+            raise FailedPrecondition(
+                f"lease {lease_id} was already released (or its session expired); "
+                "release each lease exactly once")
+        raise NotFound(f"unknown lease {lease_id}; leases come from Match with lease=true")
+
+    def _release(self, lease: Lease, *, discard: bool, now: float) -> None:
+        for b in lease.blocks:
+            self._unpin(b, now)
+        if discard:
+            for b in lease.blocks:
+                if b.refs == 0 and b.state is S.COMMITTED:
+                    b.tier.policy.remove(b)
+                    b.tier.evictable_pages -= b.ns.pages_per_block
+                    self._drop(b, Event.RECLAIM, "discarded")
+        del self.leases[lease.id]
+        lease.session.leases.discard(lease.id)
+
+    # ------------------------------------------------------------ save
+    def reserve(self, sid: SessionId, keys: Sequence[bytes], now: float) -> ReserveResult:
+        """Take capacity for the keys not yet stored, all or nothing."""
+        session = self.session(sid, now)
+        self._check_keys(keys, unique=True)
+        ns = session.ns
+        tier = self.top
+        statuses: list[str] = []
+        new: list[int] = []
+        for i, k in enumerate(keys):
+            b = ns.blocks.get(k)  # type: ignore[call-overload]
+            if b is None:
+                statuses.append(SlotStatus.RESERVED)
+                new.append(i)
+            elif b.state is S.COMMITTED:
+                statuses.append(SlotStatus.PRESENT)
+            else:
+                statuses.append(SlotStatus.IN_FLIGHT)
+        expires_at = now + self.config.reservation_timeout_s
+        if not new:
+            return ReserveResult(None, statuses, [None] * len(keys), expires_at)
+        needed = len(new) * ns.pages_per_block
+        available = tier.free_pages + tier.evictable_pages
+        if needed > available:
+            raise ResourceExhausted(
+                f"{tier.name} tier: saving {len(new)} blocks needs {needed} pages but only "
+                f"{tier.free_pages} are free and {tier.evictable_pages} evictable "
+                f"({tier.pinned_pages} pinned by leases or writes); queue, preempt or skip the save")
+        while tier.free_pages < needed:
+            self._evict_one(tier, "capacity")
+        entries: list[Optional[Block]] = [None] * len(keys)
+        for i in new:
+            key = BlockKey(bytes(keys[i]))
+            next_state(key.hex()[:16], S.ABSENT, E.RESERVE)
+            b = Block(key, ns, tier, tier.pages.alloc(ns.pages_per_block), now)
+            ns.blocks[key] = b
+            tier.blocks += 1
+            tier.pending_blocks += 1
+            entries[i] = b
+        rid = ReservationId(self._next_reservation)
+        self._next_reservation += 1
+        self.reservations[rid] = Reservation(rid, session, entries, expires_at)
+        session.reservations.add(rid)
+        return ReserveResult(rid, statuses, entries, expires_at)
+
+    def reservation(self, sid: SessionId, rid: int, now: float) -> Reservation:
+        session = self.session(sid, now)
+        res = self.reservations.get(ReservationId(rid))
+        if res is None:
+            if 0 < rid < self._next_reservation:
+                raise FailedPrecondition(
+                    f"reservation {rid} is no longer open (committed, aborted, or timed out after "
+                    f"{self.config.reservation_timeout_s:g}s); reserve again")
+            raise NotFound(f"unknown reservation {rid}; call ReserveSave first")
+        if res.session is not session:
+            raise FailedPrecondition(f"reservation {rid} belongs to another session")
+        return res
+
+    def commit(self, sid: SessionId, rid: int, now: float, *, checksum_algo: int = 0,
+               checksums: Sequence[int] = ()) -> int:
+        """Make a reservation's blocks visible to Match. Returns how many."""
+        res = self.reservation(sid, rid, now)
+        if checksums and len(checksums) != len(res.entries):
+            raise InvalidArgument(
+                f"{len(checksums)} checksums for a reservation of {len(res.entries)} keys; "
+                "send one per key or none")
+        committed = 0
+        for i, b in enumerate(res.entries):
+            if b is None:
+                continue
+            b.state = next_state(b.label(), b.state, E.COMMIT)
+            if checksums:
+                b.checksum = (checksum_algo, checksums[i])
+            b.last_used = now
+            tier = b.tier
+            tier.pending_blocks -= 1
+            tier.committed_blocks += 1
+            tier.committed_bytes += b.ns.block_bytes
+            tier.policy.add(b)
+            tier.evictable_pages += b.ns.pages_per_block
+            committed += 1
+        del self.reservations[res.id]
+        res.session.reservations.discard(res.id)
+        return committed
+
+    def abort(self, sid: SessionId, rid: int, now: float) -> None:
+        self._abort(self.reservation(sid, rid, now), E.ABORT)
+
+    def _abort(self, res: Reservation, event: Event) -> None:
+        reason = "aborted" if event is E.ABORT else "reservation_timeout"
+        for b in res.blocks:
+            b.tier.pending_blocks -= 1
+            self._drop(b, event, reason)
+        del self.reservations[res.id]
+        res.session.reservations.discard(res.id)
+
+    # ------------------------------------------------------------ time
+    def expire(self, now: float) -> ExpiryReport:
+        """Drop sessions that missed their heartbeat and reservations never committed."""
+        report = ExpiryReport()
+        for session in [s for s in self.sessions.values() if s.expires_at < now]:
+            self._drop_session(session)
+            self.sessions_expired += 1
+            report.sessions.append(session.id)
+        for res in [r for r in self.reservations.values() if r.expires_at < now]:
+            self._abort(res, E.TIMEOUT)
+            self.reservations_timed_out += 1
+            report.reservations.append(res.id)
+        return report
+
+    # ------------------------------------------------------------ admin
+    def reclaim_unpinned(self, namespace: Optional[NamespaceId] = None) -> int:
+        """Drop every unreferenced committed block (of one namespace, or all)."""
+        count = 0
+        for ns in self.namespaces.values():
+            if namespace is not None and ns.id != namespace:
+                continue
+            for b in [b for b in ns.blocks.values() if b.state is S.COMMITTED and b.refs == 0]:
+                b.tier.policy.remove(b)
+                b.tier.evictable_pages -= ns.pages_per_block
+                self._drop(b, E.RECLAIM, "admin")
+                count += 1
+        return count
+
+    def block(self, ns_id: NamespaceId, key: bytes) -> Optional[Block]:
+        ns = self.namespaces.get(ns_id)
+        return None if ns is None else ns.blocks.get(BlockKey(key))
+
+    # ------------------------------------------------------------ internals
+    def _touch(self, b: Block, now: float) -> None:
+        # A hit moves an evictable block to the back of its policy's order.
+        if b.refs == 0:
+            b.tier.policy.remove(b)
+            b.hits += 1
+            b.last_used = now
+            b.tier.policy.add(b)
+        else:
+            b.hits += 1
+            b.last_used = now
+
+    def _pin(self, b: Block) -> None:
+        next_state(b.label(), b.state, E.PIN, b.refs)
+        if b.refs == 0:
+            b.tier.policy.remove(b)
+            b.tier.evictable_pages -= b.ns.pages_per_block
+        b.refs += 1
+
+    def _unpin(self, b: Block, now: float) -> None:
+        next_state(b.label(), b.state, E.UNPIN, b.refs)
+        b.refs -= 1
+        b.last_used = now
+        if b.refs == 0:
+            b.tier.policy.add(b)
+            b.tier.evictable_pages += b.ns.pages_per_block
+
+    def _evict_one(self, tier: Tier, reason: str) -> None:
+        b = tier.policy.pop()
+        if b is None:
+            raise InvariantViolation(f"{tier.name}: evictable_pages={tier.evictable_pages} but no victim")
+        tier.evictable_pages -= b.ns.pages_per_block
+        self._drop(b, E.EVICT, reason)
+
+    def _drop(self, b: Block, event: Event, reason: str) -> None:
+        """Remove `b` from the ledger and free its pages. It is already unlinked."""
+        b.state = next_state(b.label(), b.state, event, b.refs)
+        tier = b.tier
+        tier.pages.free(b.pages, b.ns.pages_per_block)
+        tier.blocks -= 1
+        tier.evictions[reason] += 1
+        del b.ns.blocks[b.key]
+
+    # ------------------------------------------------------------ invariants
+    def check_invariants(self) -> None:
+        """Raise InvariantViolation unless the books balance. O(blocks): for tests and audits."""
+        def bad(msg: str) -> None:
+            raise InvariantViolation(msg)
+
+        lease_refs: dict[int, int] = {}
+        for lease in self.leases.values():
+            if lease.id not in lease.session.leases or lease.session.id not in self.sessions:
+                bad(f"lease {lease.id} is not owned by a live session")
+            for b in lease.blocks:
+                if b.state is not S.COMMITTED:
+                    bad(f"lease {lease.id} holds {b.label()} in state {b.state.value}")
+                lease_refs[id(b)] = lease_refs.get(id(b), 0) + 1
+        pending_ids = {id(b) for r in self.reservations.values() for b in r.blocks}
+        for tier in self.tiers.values():
+            owned: set[int] = set()
+            used = evictable = blocks = pending = 0
+            for ns in self.namespaces.values():
+                for key, b in ns.blocks.items():
+                    if b.tier is not tier:
+                        continue
+                    if b.key != key or b.ns is not ns:
+                        bad(f"{b.label()} is filed under the wrong key or namespace")
+                    blocks += 1
+                    n = ns.pages_per_block
+                    pages = set(iter_pages(b.pages, n))
+                    if len(pages) != n or pages & owned:
+                        bad(f"{b.label()} shares pages with another block")
+                    owned |= pages
+                    used += n
+                    if b.refs != lease_refs.get(id(b), 0) or b.refs < 0:
+                        bad(f"{b.label()} has refs={b.refs} but {lease_refs.get(id(b), 0)} lease refs")
+                    if b.state is S.PENDING:
+                        pending += 1
+                        if id(b) not in pending_ids:
+                            bad(f"{b.label()} is pending without a reservation")
+                    elif b.state is S.COMMITTED:
+                        if b.refs == 0:
+                            evictable += n
+                    else:
+                        bad(f"{b.label()} is in terminal state {b.state.value} but still filed")
+            if used != tier.used_pages:
+                bad(f"{tier.name}: blocks hold {used} pages, allocator says {tier.used_pages}")
+            if owned & tier.pages.free_set():
+                bad(f"{tier.name}: a page is both free and owned")
+            if tier.free_pages < 0 or tier.used_pages > tier.capacity_pages:
+                bad(f"{tier.name}: free pages negative")
+            if evictable != tier.evictable_pages:
+                bad(f"{tier.name}: evictable pages {tier.evictable_pages}, expected {evictable}")
+            in_policy = list(tier.policy)
+            if len(in_policy) != len(tier.policy):
+                bad(f"{tier.name}: policy length disagrees with its contents")
+            for b in in_policy:
+                if b.state is not S.COMMITTED or b.refs != 0:
+                    bad(f"{b.label()} is evictable but state={b.state.value} refs={b.refs}")
+            if sum(b.ns.pages_per_block for b in in_policy) != evictable:
+                bad(f"{tier.name}: policy holds a different set than the unreferenced committed blocks")
+            if blocks != tier.blocks or pending != tier.pending_blocks:
+                bad(f"{tier.name}: block counters {tier.blocks}/{tier.pending_blocks}, "
+                    f"expected {blocks}/{pending}")
+        for session in self.sessions.values():
+            for lid in session.leases:
+                if self.leases.get(lid) is None or self.leases[lid].session is not session:
+                    bad(f"session {session.id} lists lease {lid} it does not hold")
+            for rid in session.reservations:
+                if self.reservations.get(rid) is None or self.reservations[rid].session is not session:
+                    bad(f"session {session.id} lists reservation {rid} it does not hold")

@@ -1,0 +1,125 @@
+"""The ledger's records: namespaces, blocks, sessions, leases, reservations."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from ..errors import InvalidArgument
+from ..ids import BlockKey, LeaseId, NamespaceId, ReservationId, SessionId, TierName
+from .pages import Pages
+from .states import BlockState
+
+MAX_TEXT = 256
+
+
+@dataclass(frozen=True)
+class NamespaceDescriptor:
+    """What makes two blocks interchangeable; mirrors kvkeeper.v1.NamespaceDescriptor."""
+
+    model_id: str
+    block_tokens: int
+    block_bytes: int
+    model_revision: str = ""
+    dtype: str = ""
+    kv_layout: str = ""
+    tp_rank: int = 0
+    tp_size: int = 1
+    cache_salt: str = ""
+    lora_tag: str = ""
+
+    def validate(self) -> None:
+        if not self.model_id:
+            raise InvalidArgument("namespace.model_id is empty; name the model (e.g. its HF id)")
+        for name in ("model_id", "model_revision", "dtype", "kv_layout", "cache_salt", "lora_tag"):
+            value = getattr(self, name)
+            if len(value.encode()) > MAX_TEXT:
+                raise InvalidArgument(f"namespace.{name} is longer than {MAX_TEXT} bytes")
+        if self.block_tokens <= 0:
+            raise InvalidArgument(f"namespace.block_tokens must be positive, got {self.block_tokens}")
+        if self.block_bytes <= 0:
+            raise InvalidArgument(f"namespace.block_bytes must be positive, got {self.block_bytes}")
+        if self.tp_size <= 0 or not 0 <= self.tp_rank < self.tp_size:
+            raise InvalidArgument(
+                f"namespace.tp_rank={self.tp_rank} must be in [0, tp_size={self.tp_size})")
+
+    def digest(self) -> NamespaceId:
+        canonical = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        return NamespaceId(hashlib.sha256(canonical.encode()).digest()[:16])
+
+
+class Namespace:
+    __slots__ = ("id", "descriptor", "pages_per_block", "blocks", "sessions")
+
+    def __init__(self, descriptor: NamespaceDescriptor, pages_per_block: int) -> None:
+        self.id = descriptor.digest()
+        self.descriptor = descriptor
+        self.pages_per_block = pages_per_block
+        self.blocks: dict[BlockKey, Block] = {}
+        self.sessions = 0
+
+    @property
+    def block_bytes(self) -> int:
+        return self.descriptor.block_bytes
+
+    @property
+    def block_tokens(self) -> int:
+        return self.descriptor.block_tokens
+
+
+class Block:
+    """One block's ledger entry; also the node of its tier's eviction list.
+
+    Slots only, and size and page count live on the namespace, because a
+    daemon holds millions of these.
+    """
+
+    __slots__ = ("key", "ns", "tier", "state", "refs", "hits", "last_used",
+                 "pages", "checksum", "prev", "next")
+
+    def __init__(self, key: BlockKey, ns: Namespace, tier: "Any", pages: Pages, now: float) -> None:
+        self.key = key
+        self.ns = ns
+        self.tier = tier
+        self.state = BlockState.PENDING
+        self.refs = 0
+        self.hits = 0
+        self.last_used = now
+        self.pages = pages
+        self.checksum: Optional[tuple[int, int]] = None  # (algo, value) as committed
+        self.prev: Any = None
+        self.next: Any = None
+
+    def label(self) -> str:
+        return f"{self.ns.id.hex()[:8]}/{self.key.hex()[:16]}"
+
+
+@dataclass(eq=False)
+class Session:
+    id: SessionId
+    instance_id: str
+    ns: Namespace
+    expires_at: float
+    leases: set[LeaseId] = field(default_factory=set)
+    reservations: set[ReservationId] = field(default_factory=set)
+
+
+@dataclass(eq=False)
+class Lease:
+    id: LeaseId
+    session: Session
+    blocks: list[Block]
+
+
+@dataclass(eq=False)
+class Reservation:
+    id: ReservationId
+    session: Session
+    # One entry per requested key: the reserved block, or None when skipped.
+    entries: list[Optional[Block]]
+    expires_at: float
+
+    @property
+    def blocks(self) -> list[Block]:
+        return [b for b in self.entries if b is not None]
