@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
 from ..errors import (FailedPrecondition, InvalidArgument, InvariantViolation, NotFound,
-                      ResourceExhausted)
+                      OutOfRange, ResourceExhausted)
 from ..ids import HOST, BlockKey, LeaseId, NamespaceId, ReservationId, SessionId, TierName
 from .pages import iter_pages
 from .records import Block, Lease, Namespace, NamespaceDescriptor, Reservation, Session
@@ -218,8 +218,13 @@ class Ledger:
         lease.session.leases.discard(lease.id)
 
     # ------------------------------------------------------------ save
-    def reserve(self, sid: SessionId, keys: Sequence[bytes], now: float) -> ReserveResult:
-        """Take capacity for the keys not yet stored, all or nothing."""
+    def reserve(self, sid: SessionId, keys: Sequence[bytes], now: float, *,
+                track_writes: bool = False) -> ReserveResult:
+        """Take capacity for the keys not yet stored, all or nothing.
+
+        With `track_writes` the bytes arrive through record_write() and commit
+        refuses blocks that are not complete.
+        """
         session = self.session(sid, now)
         self._check_keys(keys, unique=True)
         ns = session.ns
@@ -258,7 +263,8 @@ class Ledger:
             entries[i] = b
         rid = ReservationId(self._next_reservation)
         self._next_reservation += 1
-        self.reservations[rid] = Reservation(rid, session, entries, expires_at)
+        written = [0] * len(keys) if track_writes else None
+        self.reservations[rid] = Reservation(rid, session, entries, expires_at, written)
         session.reservations.add(rid)
         return ReserveResult(rid, statuses, entries, expires_at)
 
@@ -275,6 +281,27 @@ class Ledger:
             raise FailedPrecondition(f"reservation {rid} belongs to another session")
         return res
 
+    def record_write(self, res: Reservation, index: int, offset: int, length: int) -> Block:
+        """Account for `length` streamed bytes at `offset` of entry `index`; chunks come in order."""
+        if res.written is None:
+            raise FailedPrecondition(
+                f"reservation {res.id} was made for shared memory; write the extents directly")
+        if not 0 <= index < len(res.entries) or res.entries[index] is None:
+            raise InvalidArgument(
+                f"key {index} of reservation {res.id} was not reserved (present, in flight or "
+                "out of range); write only SLOT_RESERVED entries")
+        b = res.entries[index]
+        assert b is not None
+        done = res.written[index]
+        if offset != done:
+            raise InvalidArgument(
+                f"key {index}: chunk at offset {offset}, expected {done}; send each block's chunks in order")
+        if offset + length > b.ns.block_bytes:
+            raise OutOfRange(
+                f"key {index}: {offset + length} bytes is past the block size {b.ns.block_bytes}")
+        res.written[index] = done + length
+        return b
+
     def commit(self, sid: SessionId, rid: int, now: float, *, checksum_algo: int = 0,
                checksums: Sequence[int] = ()) -> int:
         """Make a reservation's blocks visible to Match. Returns how many."""
@@ -283,6 +310,12 @@ class Ledger:
             raise InvalidArgument(
                 f"{len(checksums)} checksums for a reservation of {len(res.entries)} keys; "
                 "send one per key or none")
+        if res.written is not None:
+            for i, b in enumerate(res.entries):
+                if b is not None and res.written[i] != b.ns.block_bytes:
+                    raise FailedPrecondition(
+                        f"key {i} received {res.written[i]} of {b.ns.block_bytes} bytes; "
+                        "finish WriteBlocks before CommitSave, or abort")
         committed = 0
         for i, b in enumerate(res.entries):
             if b is None:

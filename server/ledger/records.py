@@ -119,6 +119,9 @@ class Reservation:
     # One entry per requested key: the reserved block, or None when skipped.
     entries: list[Optional[Block]]
     expires_at: float
+    # Bytes received per entry when the data arrives through the daemon
+    # (streamed); None when the client writes shared memory directly.
+    written: Optional[list[int]] = None
 
     @property
     def blocks(self) -> list[Block]:

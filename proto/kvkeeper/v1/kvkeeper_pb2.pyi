@@ -278,12 +278,14 @@ class AbortSaveResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("session_id", "lease_id")
+    __slots__ = ("session_id", "lease_id", "discard")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    DISCARD_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     lease_id: int
-    def __init__(self, session_id: _Optional[str] = ..., lease_id: _Optional[int] = ...) -> None: ...
+    discard: bool
+    def __init__(self, session_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., discard: _Optional[bool] = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
     __slots__ = ()

@@ -1,0 +1,70 @@
+"""Block checksums, computed over caller buffers without copying them.
+
+The daemon stores the checksum a writer gives at commit and hands it back with
+every load; only clients compute it, so a block corrupted anywhere in between
+(host tier, disk tier, transport) is caught by the reader. CRC32 comes with
+zlib, so it is the default; XXH3-64 is used only where `xxhash` is installed.
+"""
+from __future__ import annotations
+
+import zlib
+from typing import Any, Callable, Dict
+
+from kvkeeper.v1 import kvkeeper_pb2 as pb
+
+__all__ = ["ALGOS", "byte_view", "crc32", "checksum", "can_verify"]
+
+
+def byte_view(buf: Any, writable: bool = False) -> memoryview:
+    """A flat unsigned-byte memoryview of a C-contiguous buffer (no copy).
+
+    Raises ValueError for non-buffers, non-contiguous buffers, or a read-only
+    buffer where `writable` is asked.
+    """
+    try:
+        mv = buf if isinstance(buf, memoryview) else memoryview(buf)
+    except TypeError:
+        raise ValueError(f"expected a bytes-like buffer, got {type(buf).__name__}") from None
+    if writable and mv.readonly:
+        raise ValueError("the destination buffer is read-only")
+    if mv.format == "B" and mv.ndim == 1 and mv.c_contiguous:
+        return mv
+    if not mv.c_contiguous:
+        raise ValueError("the buffer must be C-contiguous")
+    try:
+        return mv.cast("B")
+    except TypeError:  # a format cast() refuses, e.g. '>f': numpy reinterprets it
+        import numpy as np
+
+        return memoryview(np.frombuffer(mv, dtype=np.uint8))
+
+
+def crc32(buf: Any) -> int:
+    """zlib CRC32 of any C-contiguous buffer, as an unsigned int."""
+    return zlib.crc32(byte_view(buf)) & 0xFFFFFFFF
+
+
+ALGOS: Dict[int, Callable[[Any], int]] = {pb.CHECKSUM_CRC32: crc32}
+"""ChecksumAlgo value -> function(buffer) -> int, for the algorithms this process can compute."""
+
+try:  # optional: only if the environment already has it
+    import xxhash as _xxhash
+
+    def xxh3_64(buf: Any) -> int:
+        """XXH3-64 of any C-contiguous buffer."""
+        return _xxhash.xxh3_64_intdigest(byte_view(buf))
+
+    ALGOS[pb.CHECKSUM_XXH3_64] = xxh3_64
+    __all__.append("xxh3_64")
+except ImportError:  # pragma: no cover - depends on the environment
+    pass
+
+
+def can_verify(algo: int) -> bool:
+    """Whether blocks stored with `algo` can be checked here (NONE never is)."""
+    return algo in ALGOS
+
+
+def checksum(algo: int, buf: Any) -> int:
+    """The checksum of `buf` with `algo` (a ChecksumAlgo value); KeyError if unknown."""
+    return ALGOS[algo](buf)

@@ -1,0 +1,235 @@
+"""The gRPC servicer: a thin asyncio adapter over the sans-I/O ledger.
+
+Every handler reads the clock once, calls the ledger synchronously (no await
+between a check and the mutation it guards, so no other RPC can interleave)
+and converts the result. Errors become status codes in api.status only.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import Any, AsyncIterator, Callable
+
+import grpc
+
+from kvkeeper.v1 import kvkeeper_pb2 as pb
+from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
+
+from ..errors import FailedPrecondition, Unavailable
+from ..ids import SessionId
+from ..ledger import Ledger
+from .convert import SLOT_TO_PB, descriptor_from_pb, extents_to_pb, tier_to_pb
+from .status import status_for
+
+log = logging.getLogger("kvkeeper.api")
+
+STREAM_CHUNK_BYTES = 4 << 20
+
+
+def _observed(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Unary and client-streaming handlers: refuse while draining, map errors, time."""
+    method = fn.__name__
+
+    @functools.wraps(fn)
+    async def handler(self: "KVKeeperServicer", request: Any, context: grpc.aio.ServicerContext) -> Any:
+        t0 = time.perf_counter()
+        code: str | None = None
+        try:
+            if not self.serving:
+                raise Unavailable("the daemon is shutting down; retry against the restarted daemon")
+            return await fn(self, request, context)
+        except Exception as exc:  # noqa: BLE001 - every error gets a status
+            status, msg = status_for(exc)
+            code = status.name
+            await context.abort(status, msg)
+        finally:
+            self.metrics.observe_rpc(method, time.perf_counter() - t0, code)
+
+    return handler
+
+
+def _observed_stream(fn: Callable[..., AsyncIterator[Any]]) -> Callable[..., Any]:
+    """Server-streaming handlers: same contract as _observed, as an async generator."""
+    method = fn.__name__
+
+    @functools.wraps(fn)
+    async def handler(self: "KVKeeperServicer", request: Any, context: grpc.aio.ServicerContext) -> Any:
+        t0 = time.perf_counter()
+        code: str | None = None
+        try:
+            if not self.serving:
+                raise Unavailable("the daemon is shutting down; retry against the restarted daemon")
+            async for item in fn(self, request, context):
+                yield item
+        except Exception as exc:  # noqa: BLE001
+            status, msg = status_for(exc)
+            code = status.name
+            await context.abort(status, msg)
+        finally:
+            self.metrics.observe_rpc(method, time.perf_counter() - t0, code)
+
+    return handler
+
+
+class KVKeeperServicer(pb_grpc.KVKeeperServicer):
+    def __init__(self, ledger: Ledger, arena: Any, metrics: Any, *, version: str,
+                 started_at: float, max_message_bytes: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ledger = ledger
+        self.arena = arena
+        self.metrics = metrics
+        self.version = version
+        self.started_at = started_at
+        self.max_message_bytes = max_message_bytes
+        self.clock = clock
+        self.serving = True
+        self.arena_pb = pb.ShmArena(path=arena.path, size_bytes=arena.size_bytes,
+                                    page_bytes=arena.page_bytes, arena_id=arena.arena_id)
+
+    def _extents(self, b: Any) -> list[tuple[int, int]]:
+        return self.arena.extents(b.pages, b.ns.pages_per_block, b.ns.block_bytes)
+
+    # ------------------------------------------------------------ sessions
+    @_observed
+    async def RegisterSession(self, request: pb.RegisterSessionRequest, context: Any) -> pb.RegisterSessionResponse:
+        s = self.ledger.register_session(
+            request.instance_id, descriptor_from_pb(request.namespace), self.clock())
+        d = s.ns.descriptor
+        log.info("session start id=%s instance=%r model=%r tp=%d/%d block=%dB",
+                 s.id, s.instance_id, d.model_id, d.tp_rank, d.tp_size, d.block_bytes)
+        cfg = self.ledger.config
+        return pb.RegisterSessionResponse(
+            session_id=s.id, lease_ttl_seconds=cfg.lease_ttl_s, namespace_id=s.ns.id,
+            arena=self.arena_pb, key_bytes=cfg.key_bytes, max_keys_per_call=cfg.max_keys_per_call,
+            max_message_bytes=self.max_message_bytes)
+
+    @_observed
+    async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
+        self.ledger.heartbeat(SessionId(request.session_id), self.clock())
+        return pb.HeartbeatResponse(lease_ttl_seconds=self.ledger.config.lease_ttl_s)
+
+    @_observed
+    async def CloseSession(self, request: pb.CloseSessionRequest, context: Any) -> pb.CloseSessionResponse:
+        self.ledger.close_session(SessionId(request.session_id), self.clock())
+        log.info("session end id=%s reason=closed", request.session_id)
+        return pb.CloseSessionResponse()
+
+    # ------------------------------------------------------------ match / load / release
+    @_observed
+    async def Match(self, request: pb.MatchRequest, context: Any) -> pb.MatchResponse:
+        r = self.ledger.match(SessionId(request.session_id), request.keys,
+                              lease=request.lease, now=self.clock())
+        return pb.MatchResponse(matched=r.matched, tiers=[tier_to_pb(t) for t in r.tiers],
+                                lease_id=r.lease_id or 0)
+
+    @_observed
+    async def Load(self, request: pb.LoadRequest, context: Any) -> pb.LoadResponse:
+        lease = self.ledger.lease(SessionId(request.session_id), request.lease_id, self.clock())
+        refs = []
+        nbytes = 0
+        for b in lease.blocks:
+            algo, value = b.checksum or (0, 0)
+            refs.append(pb.BlockRef(key=b.key, extents=extents_to_pb(self._extents(b)),
+                                    checksum_algo=algo, checksum=value))
+            nbytes += b.ns.block_bytes
+        self.metrics.observe_transfer("load", "shm", nbytes, 0.0)
+        return pb.LoadResponse(blocks=refs)
+
+    @_observed_stream
+    async def LoadStream(self, request: pb.LoadRequest, context: Any) -> AsyncIterator[pb.BlockChunk]:
+        t0 = time.perf_counter()
+        lease = self.ledger.lease(SessionId(request.session_id), request.lease_id, self.clock())
+        nbytes = 0
+        for i, b in enumerate(list(lease.blocks)):
+            # Between yields another RPC may release the lease and its pages may
+            # be reused, so each block is copied whole while the lease is known live.
+            if self.ledger.leases.get(lease.id) is not lease:
+                raise FailedPrecondition(f"lease {lease.id} was released while it was being streamed")
+            data = self.arena.read(self._extents(b))
+            algo, value = b.checksum or (0, 0)
+            for off in range(0, len(data), STREAM_CHUNK_BYTES):
+                first = off == 0
+                yield pb.BlockChunk(index=i, offset=off, data=data[off:off + STREAM_CHUNK_BYTES],
+                                    checksum_algo=algo if first else 0,
+                                    checksum=value if first else 0)
+            nbytes += len(data)
+        self.metrics.observe_transfer("load", "stream", nbytes, time.perf_counter() - t0)
+
+    @_observed
+    async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseResponse:
+        self.ledger.release(SessionId(request.session_id), request.lease_id, self.clock(),
+                            discard=request.discard)
+        return pb.ReleaseResponse()
+
+    # ------------------------------------------------------------ save
+    @_observed
+    async def ReserveSave(self, request: pb.ReserveSaveRequest, context: Any) -> pb.ReserveSaveResponse:
+        now = self.clock()
+        stream = request.transport == pb.TRANSPORT_STREAM
+        r = self.ledger.reserve(SessionId(request.session_id), request.keys, now, track_writes=stream)
+        slots = []
+        for status, b in zip(r.statuses, r.blocks):
+            slot = pb.SaveSlot(status=SLOT_TO_PB[status])
+            if b is not None and not stream:
+                slot.extents.extend(extents_to_pb(self._extents(b)))
+            slots.append(slot)
+        return pb.ReserveSaveResponse(reservation_id=r.reservation_id or 0, slots=slots,
+                                      expires_in_seconds=r.expires_at - now)
+
+    @_observed
+    async def WriteBlocks(self, request_iterator: Any, context: Any) -> pb.WriteBlocksResponse:
+        t0 = time.perf_counter()
+        res = None
+        total = 0
+        async for chunk in request_iterator:
+            if res is None:
+                res = self.ledger.reservation(SessionId(chunk.session_id), chunk.reservation_id,
+                                              self.clock())
+            elif self.ledger.reservations.get(res.id) is not res:
+                raise FailedPrecondition(
+                    f"reservation {res.id} closed (aborted or timed out) while data was streaming")
+            b = self.ledger.record_write(res, chunk.index, chunk.offset, len(chunk.data))
+            self.arena.write(self._extents(b), chunk.data, chunk.offset)
+            total += len(chunk.data)
+        self.metrics.observe_transfer("save", "stream", total, time.perf_counter() - t0)
+        return pb.WriteBlocksResponse(bytes_written=total)
+
+    @_observed
+    async def CommitSave(self, request: pb.CommitSaveRequest, context: Any) -> pb.CommitSaveResponse:
+        now = self.clock()
+        sid = SessionId(request.session_id)
+        res = self.ledger.reservation(sid, request.reservation_id, now)
+        shm = res.written is None
+        nbytes = sum(b.ns.block_bytes for b in res.blocks)
+        committed = self.ledger.commit(sid, request.reservation_id, now,
+                                       checksum_algo=request.checksum_algo,
+                                       checksums=request.checksums)
+        if shm:
+            self.metrics.observe_transfer("save", "shm", nbytes, 0.0)
+        return pb.CommitSaveResponse(committed=committed)
+
+    @_observed
+    async def AbortSave(self, request: pb.AbortSaveRequest, context: Any) -> pb.AbortSaveResponse:
+        self.ledger.abort(SessionId(request.session_id), request.reservation_id, self.clock())
+        return pb.AbortSaveResponse()
+
+    # ------------------------------------------------------------ stats
+    @_observed
+    async def Stats(self, request: pb.StatsRequest, context: Any) -> pb.StatsResponse:
+        L = self.ledger
+        tiers = []
+        for t in L.tiers.values():
+            pb_ = t.page_bytes
+            tiers.append(pb.TierStats(
+                tier=tier_to_pb(t.name), capacity_bytes=t.capacity_pages * pb_,
+                used_bytes=t.used_pages * pb_, pinned_bytes=t.pinned_pages * pb_,
+                evictable_bytes=t.evictable_pages * pb_, capacity_pages=t.capacity_pages,
+                used_pages=t.used_pages, blocks=t.blocks, pending_blocks=t.pending_blocks,
+                evictions=sum(t.evictions.values()), hit_blocks=t.hit_blocks))
+        return pb.StatsResponse(
+            version=self.version, uptime_seconds=time.monotonic() - self.started_at, tiers=tiers,
+            sessions=len(L.sessions), leases=len(L.leases), reservations=len(L.reservations),
+            namespaces=len(L.namespaces), lookups=L.lookups, lookup_keys=L.lookup_keys,
+            hit_blocks=sum(t.hit_blocks for t in L.tiers.values()),
+            eviction_policy=L.config.policy)

@@ -1,0 +1,35 @@
+"""The one place where daemon errors become gRPC status codes.
+
+Client faults keep their message, which already says what to do. Anything
+else is the daemon's fault: logged with its traceback, answered INTERNAL.
+"""
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from .. import errors
+
+log = logging.getLogger("kvkeeper.api")
+
+# Most specific first: InvalidTransition is a FailedPrecondition.
+_CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
+    (errors.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.NotFound, grpc.StatusCode.NOT_FOUND),
+    (errors.FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.OutOfRange, grpc.StatusCode.OUT_OF_RANGE),
+    (errors.ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
+)
+
+
+def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    for cls, code in _CODES:
+        if isinstance(exc, cls):
+            return code, str(exc)
+    if isinstance(exc, errors.InvariantViolation):
+        log.critical("LEDGER INVARIANT BROKEN: %s", exc, exc_info=exc)
+        return grpc.StatusCode.INTERNAL, f"internal error (ledger invariant): {exc}"
+    log.error("unexpected error: %r", exc, exc_info=exc)
+    return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}; see the daemon log"

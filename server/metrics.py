@@ -1,0 +1,315 @@
+"""Prometheus metrics of the daemon.
+
+Two kinds of series, all named `kvkeeper_*` in base units (seconds, bytes):
+
+* Ledger state (capacity, hits, evictions, sessions...) is read from the
+  ledger at scrape time by `LedgerCollector`; the ledger's own counters are
+  the only copy of those numbers.
+* RPC and transfer timings are owned here, updated by the servicer through
+  `Metrics.observe_rpc` and `Metrics.observe_transfer`.
+
+Every series exists, at zero, from start-up: label values come from fixed
+lists (tiers, eviction reasons, RPC methods, status codes, directions,
+transports), never from keys, hashes, sessions or request ids.
+
+Thread safety: the HTTP exporter serves scrapes from its own thread while the
+asyncio loop mutates the ledger. The collector therefore only reads scalar
+attributes, `len()` and `dict.get` of the ledger; it never iterates a dict or
+Counter that the loop may grow (which could raise "dictionary changed size
+during iteration"). Numbers read in one scrape may straddle a ledger call;
+that is fine for monitoring.
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional, Sequence
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .ledger import Ledger
+
+# `_created` series double the series count and no dashboard uses them.
+prometheus_client.disable_created_metrics()
+
+PREFIX = "kvkeeper_"
+
+# The RPCs of service kvkeeper.v1.KVKeeper, in proto order.
+RPC_METHODS: tuple[str, ...] = (
+    "RegisterSession", "Heartbeat", "CloseSession", "Match", "Load", "LoadStream",
+    "ReserveSave", "WriteBlocks", "CommitSave", "AbortSave", "Release", "Stats",
+)
+# Non-OK codes the daemon answers with, pre-created at zero. Other gRPC code
+# names are accepted (bounded set) and appear on first use.
+RPC_ERROR_CODES: tuple[str, ...] = (
+    "INVALID_ARGUMENT", "NOT_FOUND", "FAILED_PRECONDITION", "OUT_OF_RANGE",
+    "RESOURCE_EXHAUSTED", "UNAVAILABLE", "INTERNAL", "CANCELLED", "DEADLINE_EXCEEDED",
+    "UNAUTHENTICATED",
+)
+GRPC_CODES: frozenset[str] = frozenset(RPC_ERROR_CODES) | {
+    "OK", "UNKNOWN", "ALREADY_EXISTS", "PERMISSION_DENIED", "ABORTED", "UNIMPLEMENTED",
+    "DATA_LOSS",
+}
+EVICTION_REASONS: tuple[str, ...] = (
+    "capacity", "admin", "discarded", "aborted", "reservation_timeout", "demoted",
+)
+DIRECTIONS: tuple[str, ...] = ("save", "load")
+TRANSPORTS: tuple[str, ...] = ("shm", "stream")
+BLOCK_STATES: tuple[str, ...] = ("committed", "pending")
+
+# 50 us .. 10 s, roughly 1-2.5-5 per decade.
+RPC_BUCKETS: tuple[float, ...] = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)
+TRANSFER_BUCKETS: tuple[float, ...] = RPC_BUCKETS
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("kvkeeper")
+    except Exception:  # not installed (running from a source tree)
+        return "unknown"
+
+
+class LedgerCollector:
+    """Reads the ledger at scrape time. See the module docstring on thread safety."""
+
+    def __init__(self, ledger: "Ledger", started_at: float, version: str) -> None:
+        self._ledger = ledger
+        # ledger.tiers never changes after construction; capture (name, Tier) once.
+        self._tiers = [(str(name), tier) for name, tier in list(ledger.tiers.items())]
+        self._started_at = float(started_at)
+        self._version = version
+
+    # -- families, empty; describe() returns them so the registry can detect clashes
+    def _families(self) -> dict[str, Metric]:
+        c, g = CounterMetricFamily, GaugeMetricFamily
+        p = PREFIX
+        tier, tr = ["tier"], ["tier", "reason"]
+        fams = [
+            g(p + "up", "1 while the daemon serves."),
+            g(p + "build_info", "Build of the daemon; always 1.", labels=["version"]),
+            g(p + "start_time_seconds", "Start time of the daemon, seconds since the Unix epoch."),
+            c(p + "lookups", "Match calls answered."),
+            c(p + "lookup_keys", "Keys looked up by Match calls."),
+            c(p + "hit_blocks", "Blocks found by Match calls (leading committed hits).",
+              labels=tier),
+            c(p + "hit_tokens", "Tokens covered by blocks found by Match calls.", labels=tier),
+            c(p + "saved_blocks", "Blocks committed by CommitSave.", labels=tier),
+            c(p + "saved_bytes", "Bytes of blocks committed by CommitSave.", labels=tier),
+            c(p + "evictions", "Blocks dropped from a tier, by reason.", labels=tr),
+            g(p + "tier_capacity_bytes", "Capacity of the tier.", labels=tier),
+            g(p + "tier_used_bytes", "Bytes of the tier's pages held by blocks.", labels=tier),
+            g(p + "tier_pinned_bytes",
+              "Bytes of the tier that eviction cannot take (leased or being written).",
+              labels=tier),
+            g(p + "tier_evictable_bytes", "Bytes of the tier held by unreferenced committed blocks.",
+              labels=tier),
+            g(p + "tier_page_size_bytes", "Size of one page of the tier.", labels=tier),
+            g(p + "tier_capacity_pages", "Pages of the tier.", labels=tier),
+            g(p + "tier_used_pages", "Pages of the tier held by blocks.", labels=tier),
+            g(p + "tier_blocks", "Blocks in the tier, by state.", labels=["tier", "state"]),
+            g(p + "sessions", "Live sessions."),
+            g(p + "leases", "Open leases."),
+            g(p + "reservations", "Open save reservations."),
+            g(p + "namespaces", "Namespaces known to the ledger."),
+            c(p + "sessions_expired", "Sessions dropped for a missed heartbeat."),
+            c(p + "reservations_timed_out", "Save reservations dropped uncommitted after their timeout."),
+        ]
+        return {f.name: f for f in fams}
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families().values())
+
+    def collect(self) -> Iterator[Metric]:
+        L = self._ledger
+        f = self._families()
+        p = PREFIX
+
+        def fam(name: str) -> Metric:
+            # Counter families drop the `_total` suffix from .name.
+            return f[p + name]
+
+        fam("up").add_metric([], 1)
+        fam("build_info").add_metric([self._version], 1)
+        fam("start_time_seconds").add_metric([], self._started_at)
+        fam("lookups").add_metric([], L.lookups)
+        fam("lookup_keys").add_metric([], L.lookup_keys)
+        fam("sessions_expired").add_metric([], L.sessions_expired)
+        fam("reservations_timed_out").add_metric([], L.reservations_timed_out)
+        fam("sessions").add_metric([], len(L.sessions))
+        fam("leases").add_metric([], len(L.leases))
+        fam("reservations").add_metric([], len(L.reservations))
+        fam("namespaces").add_metric([], len(L.namespaces))
+        for name, t in self._tiers:
+            pb = t.page_bytes
+            cap = t.capacity_pages
+            used = t.used_pages
+            evictable = t.evictable_pages
+            # Read once; the two may straddle a ledger call, so clamp.
+            pinned = max(0, used - evictable)
+            blocks, pending = t.blocks, t.pending_blocks
+            fam("hit_blocks").add_metric([name], t.hit_blocks)
+            fam("hit_tokens").add_metric([name], t.hit_tokens)
+            fam("saved_blocks").add_metric([name], t.committed_blocks)
+            fam("saved_bytes").add_metric([name], t.committed_bytes)
+            ev = t.evictions
+            for reason in EVICTION_REASONS:
+                fam("evictions").add_metric([name, reason], ev.get(reason, 0))
+            fam("tier_capacity_bytes").add_metric([name], cap * pb)
+            fam("tier_used_bytes").add_metric([name], used * pb)
+            fam("tier_pinned_bytes").add_metric([name], pinned * pb)
+            fam("tier_evictable_bytes").add_metric([name], evictable * pb)
+            fam("tier_page_size_bytes").add_metric([name], pb)
+            fam("tier_capacity_pages").add_metric([name], cap)
+            fam("tier_used_pages").add_metric([name], used)
+            fam("tier_blocks").add_metric([name, "committed"], max(0, blocks - pending))
+            fam("tier_blocks").add_metric([name, "pending"], pending)
+        return iter(f.values())
+
+
+class _HttpExporter:
+    """The running /metrics HTTP server; `close()` stops it."""
+
+    def __init__(self, server: Any, thread: Any) -> None:
+        self._server = server
+        self._thread = thread
+        addr = server.server_address
+        self.host: str = addr[0]
+        self.port: int = addr[1]
+
+    def close(self) -> None:
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        server.shutdown()
+        server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> "_HttpExporter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _parse_address(address: str) -> tuple[str, int]:
+    """"host:port", "[v6]:port" or ":port" (all interfaces) into (host, port)."""
+    host, sep, port_s = address.rpartition(":")
+    if not sep or not port_s.isdigit():
+        raise ValueError(f"metrics address {address!r} is not host:port (e.g. 0.0.0.0:9400)")
+    port = int(port_s)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"metrics address {address!r}: port out of range")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host or "0.0.0.0", port
+
+
+def _check(value: str, allowed: Sequence[str], what: str) -> str:
+    if value not in allowed:
+        raise ValueError(f"{what} {value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
+class Metrics:
+    """The daemon's metrics: one registry, the ledger collector, RPC and transfer timings."""
+
+    def __init__(self, registry: Optional[CollectorRegistry] = None) -> None:
+        if registry is None:
+            registry = CollectorRegistry()
+            # The daemon's own registry still carries the usual process_* / python_* series.
+            prometheus_client.ProcessCollector(registry=registry)
+            prometheus_client.PlatformCollector(registry=registry)
+            prometheus_client.GCCollector(registry=registry)
+        self.registry = registry
+        self.version = _version()
+        self._collector: Optional[LedgerCollector] = None
+        p = PREFIX
+        self.rpc_duration = Histogram(
+            p + "rpc_duration_seconds", "Time to answer an RPC, whatever its outcome.",
+            ["method"], registry=registry, buckets=RPC_BUCKETS)
+        self.rpc_errors = Counter(
+            p + "rpc_errors_total", "RPCs answered with a non-OK status code.",
+            ["method", "code"], registry=registry)
+        self.transfer_bytes = Counter(
+            p + "transfer_bytes_total", "Block bytes moved between clients and the daemon.",
+            ["direction", "transport"], registry=registry)
+        self.transfer_duration = Histogram(
+            p + "transfer_duration_seconds", "Time to move the blocks of one save or load.",
+            ["direction", "transport"], registry=registry, buckets=TRANSFER_BUCKETS)
+        # Pre-create every child so each series exists at zero from start-up.
+        self._rpc_hist = {m: self.rpc_duration.labels(method=m) for m in RPC_METHODS}
+        self._rpc_err: dict[tuple[str, str], Any] = {
+            (m, c): self.rpc_errors.labels(method=m, code=c)
+            for m in RPC_METHODS for c in RPC_ERROR_CODES}
+        self._xfer = {
+            (d, t): (self.transfer_bytes.labels(direction=d, transport=t),
+                     self.transfer_duration.labels(direction=d, transport=t))
+            for d in DIRECTIONS for t in TRANSPORTS}
+
+    # ------------------------------------------------------------ ledger
+    def attach_ledger(self, ledger: "Ledger", started_at: Optional[float] = None) -> None:
+        """Serve the ledger's state. `started_at`: daemon start, seconds since the Unix epoch."""
+        if self._collector is not None:
+            raise RuntimeError("a ledger is already attached to these metrics")
+        collector = LedgerCollector(ledger, time.time() if started_at is None else started_at,
+                                    self.version)
+        self.registry.register(collector)
+        self._collector = collector
+
+    def detach_ledger(self) -> None:
+        if self._collector is not None:
+            self.registry.unregister(self._collector)
+            self._collector = None
+
+    # ------------------------------------------------------------ servicer hooks
+    def observe_rpc(self, method: str, seconds: float, code: Any = None) -> None:
+        """One answered RPC. `code`: None or "OK" for success, else a gRPC code
+        name or grpc.StatusCode. Raises ValueError on a method or code outside
+        the fixed sets, so a typo cannot mint a new series."""
+        hist = self._rpc_hist.get(method)
+        if hist is None:
+            _check(method, RPC_METHODS, "RPC method")
+        hist.observe(max(0.0, seconds))
+        if code is None:
+            return
+        name = getattr(code, "name", code)
+        if name == "OK":
+            return
+        child = self._rpc_err.get((method, name))
+        if child is None:
+            _check(name, sorted(GRPC_CODES), "gRPC status code")
+            child = self._rpc_err[(method, name)] = self.rpc_errors.labels(method=method, code=name)
+        child.inc()
+
+    def observe_transfer(self, direction: str, transport: str, nbytes: int, seconds: float) -> None:
+        """One save or load of blocks: `direction` "save"|"load", `transport` "shm"|"stream"."""
+        pair = self._xfer.get((direction, transport))
+        if pair is None:
+            _check(direction, DIRECTIONS, "transfer direction")
+            _check(transport, TRANSPORTS, "transport")
+        counter, hist = pair
+        if nbytes < 0:
+            raise ValueError(f"negative transfer size {nbytes}")
+        counter.inc(nbytes)
+        hist.observe(max(0.0, seconds))
+
+    # ------------------------------------------------------------ exposition
+    def render(self) -> bytes:
+        """The registry in the Prometheus text format (what /metrics serves)."""
+        return generate_latest(self.registry)
+
+    def start_http(self, address: str) -> _HttpExporter:
+        """Serve /metrics on "host:port" from a daemon thread. Port 0 picks a free
+        port; the returned object's `.port` says which. Call `.close()` to stop."""
+        host, port = _parse_address(address)
+        started = prometheus_client.start_http_server(port, addr=host, registry=self.registry)
+        if started is None:  # pragma: no cover - prometheus_client < 0.20
+            raise RuntimeError("prometheus_client>=0.20 is needed (start_http_server returns the server)")
+        server, thread = started
+        return _HttpExporter(server, thread)
