@@ -342,9 +342,9 @@ def _convert(f: Any, raw: Any, text: bool) -> Any:
             value = meta.get("aliases", {}).get(value, value)
             if value not in meta["choices"]:
                 hint = difflib.get_close_matches(value, meta["choices"], n=1)
-                raise ValueError(f"unknown value {raw!r}"
-                                 + (f"; did you mean {hint[0]!r}?" if hint else "")
-                                 + f" choose one of {', '.join(meta['choices'])}")
+                raise ValueError(f"unknown value {raw!r}; choose one of "
+                                 f"{', '.join(meta['choices'])}"
+                                 + (f"; did you mean {hint[0]!r}?" if hint else ""))
     elif kind == "size":
         if isinstance(raw, str) and not raw.strip():
             raise ValueError("empty size")
@@ -419,14 +419,14 @@ def _check_key(section: str, name: str, where: str) -> str:
         owners = [s for s, keys in SCHEMA.items() if section in keys]
         hint = (f"; {section!r} is a key of [{owners[0]}]" if owners
                 else _suggest(section, list(SCHEMA)))
-        raise ConfigError(f"unknown section {section!r} (in {where}){hint}; sections are "
-                          f"{', '.join(SCHEMA)}", key=section, source=where)
+        raise ConfigError(f"unknown section {section!r} (from {where}); sections are "
+                          f"{', '.join(SCHEMA)}{hint}", key=section, source=where)
     if name not in SCHEMA[section]:
         owners = [s for s, keys in SCHEMA.items() if name in keys and s != section]
         hint = (f"; {name!r} belongs to [{owners[0]}]" if owners
                 else _suggest(name, list(SCHEMA[section])))
-        raise ConfigError(f"unknown key {name!r} in section [{section}] (in {where}){hint}; "
-                          f"keys of [{section}] are {', '.join(SCHEMA[section])}",
+        raise ConfigError(f"unknown key {name!r} in section [{section}] (from {where}); "
+                          f"keys of [{section}] are {', '.join(SCHEMA[section])}{hint}",
                           key=f"{section}.{name}", source=where)
     return f"{section}.{name}"
 
@@ -462,7 +462,7 @@ def _env_keys(env: Mapping[str, str]) -> list[tuple[str, str, str]]:
                     known = [env_var(f"{section}.{k}") for k in SCHEMA[section]]
                     raise ConfigError(
                         f"unknown key {name!r} in section [{section}] (from environment "
-                        f"variable {var}){_suggest(var, known)}; known: {', '.join(known)}",
+                        f"variable {var}); known: {', '.join(known)}{_suggest(var, known)}",
                         key=f"{section}.{name}", source=f"environment variable {var}")
                 out.append((f"{section}.{name}", var, env[var]))
                 break

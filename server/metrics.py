@@ -254,11 +254,18 @@ class Metrics:
 
     # ------------------------------------------------------------ ledger
     def attach_ledger(self, ledger: "Ledger", started_at: Optional[float] = None) -> None:
-        """Serve the ledger's state. `started_at`: daemon start, seconds since the Unix epoch."""
+        """Serve the ledger's state from now on.
+
+        `started_at`: when the daemon started, on the `time.monotonic()` clock
+        (the ledger's clock); None means now. It is exported as
+        kvkeeper_start_time_seconds in Unix time, as Prometheus expects.
+        """
         if self._collector is not None:
             raise RuntimeError("a ledger is already attached to these metrics")
-        collector = LedgerCollector(ledger, time.time() if started_at is None else started_at,
-                                    self.version)
+        wall = time.time()
+        if started_at is not None:
+            wall -= max(0.0, time.monotonic() - started_at)
+        collector = LedgerCollector(ledger, wall, self.version)
         self.registry.register(collector)
         self._collector = collector
 

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -56,7 +57,7 @@ def key(i: int) -> bytes:
 def make(**cfg) -> tuple[Metrics, Ledger]:
     ledger = Ledger(LedgerConfig(tiers=[TierSpec("host", PAGES * PAGE, PAGE)], **cfg))
     metrics = Metrics()
-    metrics.attach_ledger(ledger, started_at=1_700_000_000.0)
+    metrics.attach_ledger(ledger, started_at=time.monotonic() - 100.0)
     return metrics, ledger
 
 
@@ -89,7 +90,8 @@ def test_every_series_exists_at_zero_on_a_fresh_ledger():
         assert v == 0, (name, dict(labels), v)
 
     assert val(s, "kvkeeper_up") == 1
-    assert val(s, "kvkeeper_start_time_seconds") == 1_700_000_000.0
+    # started_at is monotonic (100 s ago); the series is Unix time.
+    assert val(s, "kvkeeper_start_time_seconds") == pytest.approx(time.time() - 100.0, abs=5.0)
     assert val(s, "kvkeeper_tier_capacity_bytes", tier="host") == PAGES * PAGE
     assert val(s, "kvkeeper_tier_capacity_pages", tier="host") == PAGES
     assert val(s, "kvkeeper_tier_page_size_bytes", tier="host") == PAGE
@@ -142,11 +144,12 @@ def test_many_instances_and_a_second_attach():
     m2, _ = make()
     assert samples(m1) and samples(m2)
     with pytest.raises(RuntimeError):
-        m1.attach_ledger(ledger, 0.0)
+        m1.attach_ledger(ledger, time.monotonic())
     m1.detach_ledger()
     assert "kvkeeper_up" not in {n for n, _ in samples(m1)}
-    m1.attach_ledger(ledger, 0.0)
+    m1.attach_ledger(ledger)  # None: started now
     assert val(m1, "kvkeeper_up") == 1
+    assert val(m1, "kvkeeper_start_time_seconds") == pytest.approx(time.time(), abs=5.0)
 
 
 # ------------------------------------------------------------------ values follow the ledger

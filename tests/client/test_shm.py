@@ -1,0 +1,309 @@
+"""Client mapping of the host-tier arena, checked against the daemon's Arena."""
+from __future__ import annotations
+
+import hashlib
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import uuid
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from kvkeeper.client.shm import HEADER_BYTES as CLIENT_HEADER_BYTES
+from kvkeeper.client.shm import MAGIC as CLIENT_MAGIC
+from kvkeeper.client.shm import ShmMapping
+from kvkeeper.server.tiers.arena import HEADER_BYTES, MAGIC, Arena
+from kvkeeper.v1 import kvkeeper_pb2 as pb
+
+PB = 4096
+PAGES = 64
+SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+
+def _unique_path(base: str) -> str:
+    return os.path.join(base, f"kvkeeper-test-{os.getpid()}-{uuid.uuid4().hex}")
+
+
+@pytest.fixture
+def shm_path(tmp_path):
+    path = _unique_path(SHM_DIR or str(tmp_path))
+    yield path
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+@pytest.fixture
+def arena(shm_path):
+    a = Arena.create(shm_path, HEADER_BYTES + PAGES * PB, PB)
+    yield a
+    a.close()
+
+
+@pytest.fixture
+def mapping(arena):
+    m = ShmMapping.attach(arena.path, arena.size_bytes, arena.arena_id)
+    assert m is not None
+    yield m
+    m.close()
+
+
+def test_header_constants_agree_with_daemon():
+    assert CLIENT_MAGIC == MAGIC and CLIENT_HEADER_BYTES == HEADER_BYTES
+
+
+def test_client_module_does_not_import_the_server():
+    code = ("import sys, kvkeeper.client.shm; "
+            "bad = [m for m in sys.modules if m.startswith('kvkeeper.server')]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_attach_reads_the_header(arena, mapping):
+    assert mapping.path == arena.path
+    assert mapping.size_bytes == arena.size_bytes
+    assert mapping.arena_id == arena.arena_id
+    assert mapping.page_bytes == PB
+    assert mapping.page_count == arena.page_count == PAGES
+    assert mapping.data_offset == arena.data_offset == HEADER_BYTES
+    assert mapping.still_valid()
+
+
+def test_attach_accepts_the_proto_message(arena):
+    msg = pb.ShmArena(path=arena.path, size_bytes=arena.size_bytes, page_bytes=PB,
+                      arena_id=arena.arena_id)
+    m = ShmMapping.attach(msg.path, msg.size_bytes, msg.arena_id)
+    assert m is not None
+    m.close()
+
+
+def test_attach_rejects_wrong_id(arena):
+    other = bytes(b ^ 0xFF for b in arena.arena_id)
+    assert ShmMapping.attach(arena.path, arena.size_bytes, other) is None
+    assert ShmMapping.attach(arena.path, arena.size_bytes, arena.arena_id[:15]) is None
+    assert ShmMapping.attach(arena.path, arena.size_bytes, b"") is None
+    assert ShmMapping.attach(arena.path, arena.size_bytes, 16) is None  # not bytes
+
+
+def test_attach_rejects_wrong_size(arena):
+    for size in (arena.size_bytes - 1, arena.size_bytes + PB, 0, -1, HEADER_BYTES):
+        assert ShmMapping.attach(arena.path, size, arena.arena_id) is None
+
+
+def test_attach_rejects_missing_file(tmp_path):
+    base = SHM_DIR or str(tmp_path)
+    missing = _unique_path(base)
+    assert ShmMapping.attach(missing, HEADER_BYTES + PB, os.urandom(16)) is None
+    assert ShmMapping.attach(os.path.join(missing, "x"), HEADER_BYTES + PB,
+                             os.urandom(16)) is None
+    assert ShmMapping.attach("", HEADER_BYTES + PB, os.urandom(16)) is None
+    assert ShmMapping.attach("bad\0path", HEADER_BYTES + PB, os.urandom(16)) is None
+
+
+def test_attach_rejects_a_file_that_is_not_an_arena(shm_path):
+    size = HEADER_BYTES + PB
+    with open(shm_path, "wb") as f:
+        f.write(os.urandom(size))
+    assert ShmMapping.attach(shm_path, size, os.urandom(16)) is None
+    with open(shm_path, "rb") as f:
+        fake_id = f.read(24)[8:24]
+    assert ShmMapping.attach(shm_path, size, fake_id) is None  # no magic
+
+
+def test_attach_rejects_a_directory(tmp_path):
+    assert ShmMapping.attach(str(tmp_path), HEADER_BYTES + PB, os.urandom(16)) is None
+
+
+def test_round_trip_with_daemon_side(arena, mapping):
+    pages = (10, 11, 3, 40, 41, 42)
+    nbytes = 5 * PB + 999
+    ext = arena.extents(pages, 6, nbytes)
+    data = os.urandom(nbytes)
+    mapping.write(ext, data)
+    assert arena.read(ext) == data
+    data2 = os.urandom(nbytes)
+    arena.write(ext, data2)
+    assert mapping.read(ext) == data2
+    out = bytearray(nbytes)
+    mapping.read_into(ext, out)
+    assert out == data2
+
+
+def test_protobuf_and_attribute_extents(arena, mapping):
+    ext = arena.extents((5, 6, 1), 3, 3 * PB)
+    pb_ext = [pb.Extent(offset=o, length=n) for o, n in ext]
+    ns_ext = [SimpleNamespace(offset=o, length=n) for o, n in ext]
+    data = os.urandom(3 * PB)
+    mapping.write(pb_ext, data)
+    assert mapping.read(ext) == data
+    assert mapping.read(ns_ext) == data
+    block = pb.BlockRef(key=b"k", extents=pb_ext)
+    out = np.empty(3 * PB, np.uint8)
+    mapping.read_into(block.extents, out)
+    assert out.tobytes() == data
+    assert [bytes(v) for v in mapping.gather(block.extents)] == \
+        [data[:2 * PB], data[2 * PB:]]
+
+
+def test_read_into_typed_arrays(arena, mapping):
+    ext = arena.extents((20, 2, 3), 3, 3 * PB)
+    src = np.random.default_rng(0).standard_normal(3 * PB // 2).astype(np.float16)
+    mapping.write(ext, src)
+    out = np.empty_like(src)
+    mapping.read_into(ext, out)
+    assert np.array_equal(out.view(np.uint16), src.view(np.uint16))
+    out2d = np.empty((3, PB // 2), np.float16)  # any C-contiguous shape
+    mapping.read_into(ext, out2d)
+    assert out2d.tobytes() == src.tobytes()
+    out_be = np.empty(3 * PB // 4, ">f4")  # a format memoryview.cast refuses
+    mapping.read_into(ext, out_be)
+    assert out_be.tobytes() == src.tobytes()
+    mapping.read_into(ext, memoryview(out))
+
+
+def test_wrong_lengths_raise(arena, mapping):
+    ext = arena.extents((1, 5), 2, PB + 100)
+    with pytest.raises(ValueError, match="extents hold"):
+        mapping.write(ext, bytes(PB + 99))
+    with pytest.raises(ValueError, match="extents hold"):
+        mapping.write(ext, bytes(PB + 101))
+    with pytest.raises(ValueError, match="extents hold"):
+        mapping.read_into(ext, bytearray(PB + 101))
+    with pytest.raises(ValueError, match="extents hold"):
+        mapping.read_into(ext, np.empty(PB, np.uint8))
+    with pytest.raises(ValueError, match="read-only"):
+        mapping.read_into(ext, bytes(PB + 100))
+    with pytest.raises(ValueError, match="contiguous"):
+        mapping.read_into(ext, np.empty(2 * PB + 200, np.uint8)[::2])
+    with pytest.raises(ValueError, match="bytes-like"):
+        mapping.write(ext, "text")
+    assert arena.read(ext) == bytes(PB + 100)  # nothing was written
+
+
+def test_extents_outside_the_data_region_raise(arena, mapping):
+    with pytest.raises(ValueError, match="data region"):
+        mapping.write([(0, 8)], b"CLOBBERS")
+    with pytest.raises(ValueError, match="data region"):
+        mapping.read([(arena.size_bytes - 1, 2)])
+    with pytest.raises(ValueError, match="data region"):
+        mapping.gather([(HEADER_BYTES, -1)])
+    assert mapping.still_valid()
+
+
+def test_gather_is_zero_copy(arena, mapping):
+    ext = arena.extents((7, 30), 2, 2 * PB)
+    views = mapping.gather(ext)
+    assert [v.nbytes for v in views] == [PB, PB]
+    views[1][:3] = b"xyz"
+    assert arena.read(ext)[PB:PB + 3] == b"xyz"
+    arena.write(ext, b"q" * (2 * PB))
+    assert bytes(views[0][:1]) == b"q"
+    for v in views:
+        v.release()
+
+
+def test_still_valid_detects_daemon_restart(shm_path):
+    a = Arena.create(shm_path, HEADER_BYTES + PB, PB)
+    m = ShmMapping.attach(shm_path, a.size_bytes, a.arena_id)
+    assert m is not None and m.still_valid()
+    b = Arena.create(shm_path, HEADER_BYTES + PB, PB)  # restarted: same path, new file
+    try:
+        assert not m.still_valid()
+        assert ShmMapping.attach(shm_path, a.size_bytes, a.arena_id) is None
+    finally:
+        m.close()
+        a.close()
+        b.close()
+
+
+def test_still_valid_after_unlink_is_false(arena, mapping):
+    arena.close()
+    assert not mapping.still_valid()
+
+
+def test_close_is_idempotent_and_keeps_the_file(arena):
+    m = ShmMapping.attach(arena.path, arena.size_bytes, arena.arena_id)
+    views = m.gather(arena.extents(0, 1, PB))
+    m.close()  # live views: no BufferError
+    m.close()
+    assert m.closed and not m.still_valid()
+    assert os.path.exists(arena.path)
+    views[0][0] = 1
+    with pytest.raises(ValueError, match="closed"):
+        m.read([(HEADER_BYTES, 1)])
+    del views
+
+
+def test_large_block_round_trip(shm_path):
+    page = 256 << 10
+    a = Arena.create(shm_path, HEADER_BYTES + 40 * page, page)
+    m = ShmMapping.attach(shm_path, a.size_bytes, a.arena_id)
+    try:
+        ext = a.extents((30, 31, 2, 3, 4, 17, 18, 19, 20, 21, 0, 1, 5, 6, 7, 8), 16, 4 << 20)
+        data = np.random.default_rng(2).integers(0, 256, 4 << 20, dtype=np.uint8)
+        m.write(ext, data)
+        out = np.empty_like(data)
+        a.read_into(ext, out)
+        assert np.array_equal(out, data)
+    finally:
+        m.close()
+        a.close()
+
+
+# ---- a second process, as a vLLM worker would be
+
+def _pattern(seed: int, n: int) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+def _child(path, size, arena_id, read_ext, write_ext, conn):
+    """Runs in a spawned process: attach, check the daemon's bytes, write ours."""
+    try:
+        m = ShmMapping.attach(path, size, arena_id)
+        if m is None:
+            conn.send(("error", "attach returned None"))
+            return
+        nread = sum(n for _, n in read_ext)
+        out = np.empty(nread, np.uint8)
+        m.read_into(read_ext, out)
+        digest = hashlib.sha256(out.tobytes()).hexdigest()
+        m.write([pb.Extent(offset=o, length=n) for o, n in write_ext],
+                _pattern(7, sum(n for _, n in write_ext)))
+        rejected = ShmMapping.attach(path, size, bytes(16)) is None
+        m.close()
+        conn.send(("ok", digest, rejected))
+    except BaseException as e:  # report anything to the parent
+        conn.send(("error", repr(e)))
+    finally:
+        conn.close()
+
+
+def test_second_process_writes_daemon_reads(arena):
+    read_ext = arena.extents((12, 13, 14, 0), 4, 3 * PB + 500)
+    write_ext = arena.extents((50, 33, 34, 35), 4, 4 * PB)
+    daemon_bytes = _pattern(3, 3 * PB + 500)
+    arena.write(read_ext, daemon_bytes)
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=_child, args=(arena.path, arena.size_bytes, arena.arena_id,
+                                         read_ext, write_ext, child))
+    p.start()
+    child.close()
+    try:
+        assert parent.poll(60), "child sent nothing"
+        msg = parent.recv()
+        p.join(30)
+    finally:
+        if p.is_alive():
+            p.kill()
+            p.join()
+        parent.close()
+    assert msg[0] == "ok", msg
+    assert msg[1] == hashlib.sha256(daemon_bytes).hexdigest()
+    assert msg[2] is True
+    assert p.exitcode == 0
+    assert arena.read(write_ext) == _pattern(7, 4 * PB)

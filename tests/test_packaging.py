@@ -1,0 +1,46 @@
+"""The committed stubs match proto/, and the distribution installs under kvkeeper.* only."""
+from __future__ import annotations
+
+import filecmp
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GENERATED = ["kvkeeper_pb2.py", "kvkeeper_pb2.pyi", "kvkeeper_pb2_grpc.py"]
+
+
+def test_committed_stubs_match_proto(tmp_path: Path) -> None:
+    pytest.importorskip("grpc_tools")
+    shutil.copytree(ROOT / "proto", tmp_path / "proto")
+    for name in GENERATED:
+        (tmp_path / "proto/kvkeeper/v1" / name).unlink()
+    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-I", "proto", "--python_out=proto",
+                    "--pyi_out=proto", "--grpc_python_out=proto", "proto/kvkeeper/v1/kvkeeper.proto"],
+                   check=True, cwd=tmp_path)
+    drift = [n for n in GENERATED
+             if not filecmp.cmp(ROOT / "proto/kvkeeper/v1" / n, tmp_path / "proto/kvkeeper/v1" / n,
+                                shallow=False)]
+    assert not drift, f"stubs out of date with proto/: {drift}; run `bash tools/gen_proto.sh`"
+
+
+def test_gen_script_uses_the_same_command() -> None:
+    script = (ROOT / "tools/gen_proto.sh").read_text()
+    assert "-I proto --python_out=proto --pyi_out=proto --grpc_python_out=proto" in script
+
+
+def test_wheel_installs_only_under_kvkeeper(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path), str(ROOT)], check=True)
+    wheel = next(tmp_path.glob("kvkeeper-*.whl"))
+    tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    tops = {t for t in tops if not t.endswith(".dist-info")}
+    assert tops == {"kvkeeper"}, tops
+    names = zipfile.ZipFile(wheel).namelist()
+    for module in ("kvkeeper/server/ledger/ledger.py", "kvkeeper/client/aio.py",
+                   "kvkeeper/v1/kvkeeper_pb2_grpc.py", "kvkeeper/connector/__init__.py"):
+        assert module in names, module
