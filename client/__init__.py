@@ -1,0 +1,25 @@
+"""kvkeeper client library: talk to the kvkeeper daemon from a vLLM instance.
+
+`AsyncClient` (asyncio) and `Client` (blocking, thread-safe) hold one session
+for one namespace. This package never imports the daemon (kvkeeper.server),
+vLLM or torch, so it installs and runs on any host that can reach the daemon.
+"""
+from __future__ import annotations
+
+from .aio import AsyncClient, MatchResult, SaveResult
+from .checksum import ALGOS, crc32
+from .errors import (ChecksumError, DeadlineExceededError, FailedPreconditionError,
+                     InvalidArgumentError, KVKeeperClientError, NotFoundError, OutOfRangeError,
+                     ResourceExhaustedError, UnavailableError, from_rpc_error, is_session_lost)
+from .retry import call_with_retry, call_with_retry_sync
+from .sync import Client
+from .url import KeeperURL, parse_url, to_grpc_target
+
+__all__ = [
+    "AsyncClient", "Client", "MatchResult", "SaveResult",
+    "KVKeeperClientError", "NotFoundError", "FailedPreconditionError", "InvalidArgumentError",
+    "ResourceExhaustedError", "UnavailableError", "OutOfRangeError", "DeadlineExceededError",
+    "ChecksumError", "from_rpc_error", "is_session_lost",
+    "ALGOS", "crc32", "call_with_retry", "call_with_retry_sync",
+    "KeeperURL", "parse_url", "to_grpc_target",
+]

@@ -143,23 +143,28 @@ class Ledger:
         del self.sessions[session.id]
 
     # ------------------------------------------------------------ keys
-    def _check_keys(self, keys: Sequence[bytes], *, unique: bool) -> None:
+    def _check_keys(self, keys: Sequence[bytes], *, unique: bool) -> list[bytes]:
+        """The keys as immutable bytes (a bytearray is unhashable), or InvalidArgument."""
         if len(keys) > self.config.max_keys_per_call:
             raise InvalidArgument(
                 f"{len(keys)} keys in one call; at most {self.config.max_keys_per_call}: split the call")
         kb = self.config.key_bytes
         for i, k in enumerate(keys):
-            if not isinstance(k, (bytes, bytearray)) or len(k) != kb:
-                got = len(k) if isinstance(k, (bytes, bytearray)) else type(k).__name__
-                raise InvalidArgument(f"key {i} has {got} bytes; every key must be {kb} bytes")
-        if unique and len(set(keys)) != len(keys):
+            if not isinstance(k, (bytes, bytearray)):
+                raise InvalidArgument(
+                    f"key {i} is a {type(k).__name__}, not bytes; every key must be {kb} bytes")
+            if len(k) != kb:
+                raise InvalidArgument(f"key {i} has {len(k)} bytes; every key must be {kb} bytes")
+        out = [k if type(k) is bytes else bytes(k) for k in keys]
+        if unique and len(set(out)) != len(out):
             raise InvalidArgument("the same key appears twice; each block is saved once per call")
+        return out
 
     # ------------------------------------------------------------ match / lease
     def match(self, sid: SessionId, keys: Sequence[bytes], *, lease: bool, now: float) -> MatchResult:
         """Count leading committed keys; with `lease`, pin them until release()."""
         session = self.session(sid, now)
-        self._check_keys(keys, unique=False)
+        keys = self._check_keys(keys, unique=False)
         blocks = session.ns.blocks
         hit: list[Block] = []
         for k in keys:
@@ -170,7 +175,9 @@ class Ledger:
         self.lookups += 1
         self.lookup_keys += len(keys)
         block_tokens = session.ns.block_tokens
-        for b in hit:
+        # Tail first, so that within a chain the head is the most recently used
+        # and eviction takes the tail: a prefix that loses its head is unmatchable.
+        for b in reversed(hit):
             self._touch(b, now)
             b.tier.hit_blocks += 1
             b.tier.hit_tokens += block_tokens
@@ -206,7 +213,7 @@ class Ledger:
         raise NotFound(f"unknown lease {lease_id}; leases come from Match with lease=true")
 
     def _release(self, lease: Lease, *, discard: bool, now: float) -> None:
-        for b in lease.blocks:
+        for b in reversed(lease.blocks):  # tail first, as in match()
             self._unpin(b, now)
         if discard:
             for b in lease.blocks:
@@ -226,11 +233,14 @@ class Ledger:
         refuses blocks that are not complete.
         """
         session = self.session(sid, now)
-        self._check_keys(keys, unique=True)
+        keys = self._check_keys(keys, unique=True)
         ns = session.ns
         tier = self.top
         statuses: list[str] = []
         new: list[int] = []
+        # Unreferenced blocks this call reports PRESENT: the caller will not write
+        # them, so making room for the tail must not evict them.
+        present: list[Block] = []
         for i, k in enumerate(keys):
             b = ns.blocks.get(k)  # type: ignore[call-overload]
             if b is None:
@@ -238,20 +248,32 @@ class Ledger:
                 new.append(i)
             elif b.state is S.COMMITTED:
                 statuses.append(SlotStatus.PRESENT)
+                if b.refs == 0 and b.tier is tier:
+                    present.append(b)
             else:
                 statuses.append(SlotStatus.IN_FLIGHT)
         expires_at = now + self.config.reservation_timeout_s
         if not new:
             return ReserveResult(None, statuses, [None] * len(keys), expires_at)
         needed = len(new) * ns.pages_per_block
-        available = tier.free_pages + tier.evictable_pages
-        if needed > available:
+        protected = len(present) * ns.pages_per_block
+        evictable = tier.evictable_pages - protected
+        if needed > tier.free_pages + evictable:
+            also = f", not counting the {len(present)} present in this call" if present else ""
             raise ResourceExhausted(
                 f"{tier.name} tier: saving {len(new)} blocks needs {needed} pages but only "
-                f"{tier.free_pages} are free and {tier.evictable_pages} evictable "
+                f"{tier.free_pages} are free and {evictable} evictable{also} "
                 f"({tier.pinned_pages} pinned by leases or writes); queue, preempt or skip the save")
-        while tier.free_pages < needed:
-            self._evict_one(tier, "capacity")
+        if tier.free_pages < needed:
+            for b in present:
+                tier.policy.remove(b)
+            try:
+                while tier.free_pages < needed:
+                    self._evict_one(tier, "capacity")
+            finally:
+                # Back as just used, tail first as in match().
+                for b in reversed(present):
+                    tier.policy.add(b)
         entries: list[Optional[Block]] = [None] * len(keys)
         for i in new:
             key = BlockKey(bytes(keys[i]))
@@ -279,6 +301,13 @@ class Ledger:
             raise NotFound(f"unknown reservation {rid}; call ReserveSave first")
         if res.session is not session:
             raise FailedPrecondition(f"reservation {rid} belongs to another session")
+        if res.expires_at < now:
+            # Timed out but not yet swept: the same outcome as after expire(now).
+            self._abort(res, E.TIMEOUT)
+            self.reservations_timed_out += 1
+            raise FailedPrecondition(
+                f"reservation {rid} timed out after {self.config.reservation_timeout_s:g}s "
+                "without a commit; its blocks were released; reserve again")
         return res
 
     def record_write(self, res: Reservation, index: int, offset: int, length: int) -> Block:
@@ -317,7 +346,7 @@ class Ledger:
                         f"key {i} received {res.written[i]} of {b.ns.block_bytes} bytes; "
                         "finish WriteBlocks before CommitSave, or abort")
         committed = 0
-        for i, b in enumerate(res.entries):
+        for i, b in reversed(list(enumerate(res.entries))):  # tail first, as in match()
             if b is None:
                 continue
             b.state = next_state(b.label(), b.state, E.COMMIT)

@@ -31,6 +31,9 @@ class PageAllocator:
     def alloc(self, n: int) -> Pages:
         """Take `n` pages. The caller has checked that enough are free."""
         free = self._free
+        if n <= 0:
+            # free[-0:] is the whole list: alloc(0) would silently take every page.
+            raise ValueError(f"a block takes at least one page, asked for {n}")
         if n > len(free):
             raise ValueError(f"asked for {n} pages with {len(free)} free")
         if n == 1:

@@ -66,8 +66,11 @@ class HitsLRUPolicy(EvictionPolicy):
     One free list per hit count keeps each bucket in last-use order (a block
     enters at the back when it becomes evictable, which is its last use), so
     within a bucket the front is the coldest. A heap of hit counts finds the
-    lowest non-empty bucket; empty buckets are dropped lazily. add/remove are
-    O(1), pop is O(1) amortised plus O(log distinct hit counts).
+    lowest non-empty bucket. remove() drops a bucket it empties, so a hot
+    block climbing one hit count at a time leaves no trail of empty buckets;
+    the heap entries of dropped buckets are skipped by pop() and compacted away
+    once they outnumber the live buckets. add/remove are O(1) amortised, pop is
+    O(1) amortised plus O(log distinct hit counts).
     The seed's third key (-size) only breaks ties of equal last use, which a
     single event clock never produces.
     """
@@ -88,18 +91,26 @@ class HitsLRUPolicy(EvictionPolicy):
         self._size += 1
 
     def remove(self, block: Any) -> None:
-        self._buckets[block.hits].remove(block)
+        bucket = self._buckets[block.hits]
+        bucket.remove(block)
         self._size -= 1
+        if not len(bucket):
+            del self._buckets[block.hits]
+            if len(self._heap) > 2 * len(self._buckets) + 16:
+                self._heap = list(self._buckets)
+                heapq.heapify(self._heap)
 
     def pop(self) -> Any:
         while self._heap:
             hits = self._heap[0]
-            node = self._buckets[hits].popleft()
-            if node is not None:
-                self._size -= 1
-                return node
+            bucket = self._buckets.get(hits)
+            if bucket is not None:
+                node = bucket.popleft()
+                if node is not None:
+                    self._size -= 1
+                    return node
+                del self._buckets[hits]
             heapq.heappop(self._heap)
-            del self._buckets[hits]
         return None
 
     def __len__(self) -> int:

@@ -307,3 +307,42 @@ def test_second_process_writes_daemon_reads(arena):
     assert msg[2] is True
     assert p.exitcode == 0
     assert arena.read(write_ext) == _pattern(7, 4 * PB)
+
+
+def _at_page_offset(raw: np.ndarray, page_offset: int, n: int) -> np.ndarray:
+    """A slice of `raw` of n bytes whose address is page_offset modulo 4096."""
+    start = (page_offset - raw.ctypes.data) % 4096
+    out = raw[start:start + n]
+    assert out.ctypes.data % 4096 == page_offset and out.nbytes == n
+    return out
+
+
+@pytest.mark.parametrize("page_offset", [0, 1, 8, 16, 31, 32, 63, 64, 2048, 4065, 4080, 4095])
+def test_copies_at_every_relative_alignment(arena, mapping, page_offset):
+    # Covers both copy paths: memmove, and the ufunc one used where memmove
+    # would hit page aliasing (destination 1..63 bytes past the source mod 4 KiB).
+    ext = arena.extents((9, 10, 4, 60), 4, 3 * PB + 3000)
+    n = 3 * PB + 3000
+    raw = np.zeros(n + 8192, np.uint8)
+    data = np.random.default_rng(page_offset).integers(0, 256, n, dtype=np.uint8)
+    src = _at_page_offset(raw, page_offset, n)
+    src[:] = data
+    mapping.write(ext, src)
+    assert arena.read(ext) == data.tobytes()
+    mapping.write(ext, memoryview(src).toreadonly())  # read-only source
+    assert arena.read(ext) == data.tobytes()
+    raw[:] = 0
+    dst = _at_page_offset(raw, page_offset, n)
+    mapping.read_into(ext, dst)
+    assert np.array_equal(dst, data)
+    assert not raw[:dst.ctypes.data - raw.ctypes.data].any()  # nothing outside dst
+    assert not raw[dst.ctypes.data - raw.ctypes.data + n:].any()
+
+
+def test_address_hint_matches_numpy():
+    # The copy path choice relies on it; a wrong address would only cost speed.
+    from kvkeeper.client.shm import _address
+    for obj in (bytes(5000), bytearray(5000), np.zeros(5000, np.uint8),
+                memoryview(bytes(5000))[1:], memoryview(np.zeros(5000, np.uint8)).toreadonly()):
+        mv = memoryview(obj)
+        assert _address(mv) == np.frombuffer(mv, np.uint8).ctypes.data, type(obj)

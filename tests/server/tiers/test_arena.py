@@ -297,3 +297,29 @@ def test_close_leaves_a_replacement_file_alone(shm_path):
     finally:
         new.close()
     assert not os.path.exists(shm_path)
+
+
+def _at_page_offset(raw: np.ndarray, page_offset: int, n: int) -> np.ndarray:
+    start = (page_offset - raw.ctypes.data) % 4096
+    out = raw[start:start + n]
+    assert out.ctypes.data % 4096 == page_offset and out.nbytes == n
+    return out
+
+
+@pytest.mark.parametrize("page_offset", [0, 8, 16, 31, 32, 4080])
+def test_copies_at_every_relative_alignment(arena, page_offset):
+    # both copy paths (memmove, and the ufunc one that avoids page aliasing)
+    n = 2 * PB + 2500
+    ext = arena.extents((3, 8, 9), 3, n)
+    raw = np.zeros(n + 8192, np.uint8)
+    data = np.random.default_rng(page_offset).integers(0, 256, n, dtype=np.uint8)
+    src = _at_page_offset(raw, page_offset, n)
+    src[:] = data
+    arena.write(ext, src[:5000])
+    arena.write(ext, memoryview(src[5000:]).toreadonly(), start=5000)
+    assert arena.read(ext) == data.tobytes()
+    raw[:] = 0
+    dst = _at_page_offset(raw, page_offset, n)
+    arena.read_into(ext, dst)
+    assert np.array_equal(dst, data)
+    assert int(raw.sum()) == int(data.sum())  # nothing written outside dst

@@ -1,0 +1,673 @@
+"""asyncio client of the kvkeeper daemon (grpc.aio).
+
+One AsyncClient is one session for one namespace. It hides what a vLLM
+connector should not have to handle itself:
+
+* keeping the session alive (a heartbeat task every lease TTL / 3) and
+  registering again when the daemon restarted or the session expired;
+* retrying calls that did not reach the daemon (UNAVAILABLE) when they are
+  idempotent, with backoff and jitter (see retry.py);
+* choosing the byte path: shared memory when the daemon's arena can be mapped
+  (same host), gRPC streams otherwise, and falling back to streams when the
+  arena goes away;
+* checksums: CRC32 of every saved block goes to the daemon at commit and is
+  checked on every load, so corruption anywhere in between is caught;
+* the daemon's limits (max keys per call) and the caller's mistakes (wrong
+  key or block sizes), checked before anything is sent.
+
+Calls that carry an id issued to an earlier session (lease, reservation) are
+never replayed after a re-registration: the daemon released them with that
+session, and the caller must match again.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, Union
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from kvkeeper.v1 import kvkeeper_pb2 as pb
+from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
+
+from .checksum import ALGOS, byte_view
+from .errors import (ChecksumError, FailedPreconditionError, KVKeeperClientError,
+                     from_rpc_error, is_session_lost)
+from .retry import call_with_retry
+from .url import to_grpc_target
+
+__all__ = ["AsyncClient", "MatchResult", "SaveResult", "MAX_MESSAGE_BYTES", "WRITE_CHUNK_BYTES"]
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 64 << 20
+WRITE_CHUNK_BYTES = 1 << 20
+# Checksumming more than this many bytes runs in a worker thread (zlib drops
+# the GIL), so one large save or load does not stall heartbeats and other calls.
+_OFFLOAD_BYTES = 4 << 20
+_CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # A restarted daemon is usually back within a second; gRPC's default
+    # reconnect backoff (1 s growing to 120 s) would outlast our retries.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
+_TRANSPORTS = ("auto", "shm", "stream")
+_CHECKSUMS = {"crc32": pb.CHECKSUM_CRC32, "none": pb.CHECKSUM_NONE}
+_HAS_DISCARD = "discard" in pb.ReleaseRequest.DESCRIPTOR.fields_by_name
+
+NamespaceLike = Union[Mapping[str, Any], pb.NamespaceDescriptor]
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    """`matched` leading keys are cached; `tiers[i]` is a kvkeeper_pb2.Tier value;
+    `lease_id` is None unless a lease was asked for and something matched."""
+
+    matched: int
+    tiers: List[int]
+    lease_id: Optional[int]
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    """Per-key outcome counts: written and `committed`, or skipped because
+    `present` (already cached) or `in_flight` (another writer has it)."""
+
+    reserved: int
+    present: int
+    in_flight: int
+    committed: int
+
+
+def _namespace(ns: NamespaceLike) -> pb.NamespaceDescriptor:
+    if isinstance(ns, pb.NamespaceDescriptor):
+        out = pb.NamespaceDescriptor()
+        out.CopyFrom(ns)
+    elif isinstance(ns, Mapping):
+        try:
+            out = pb.NamespaceDescriptor(**ns)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"invalid namespace {dict(ns)!r}: {e}") from None
+    else:
+        raise ValueError("namespace must be a dict or a kvkeeper_pb2.NamespaceDescriptor, "
+                         f"got {type(ns).__name__}")
+    if out.block_bytes <= 0:
+        raise ValueError("namespace block_bytes must be > 0")
+    return out
+
+
+def _protocol_error(what: str) -> KVKeeperClientError:
+    return KVKeeperClientError(f"unexpected answer from the daemon: {what}",
+                               grpc.StatusCode.INTERNAL)
+
+
+class AsyncClient:
+    """A session with the daemon. Create with `await AsyncClient.connect(...)`.
+
+    Use from one event loop (the one that connected). Concurrent calls on
+    that loop are fine.
+    """
+
+    def __init__(self, channel: grpc.aio.Channel, namespace: pb.NamespaceDescriptor, *,
+                 instance_id: str, timeout: float, transport: str, checksum: str,
+                 max_retries: int) -> None:
+        self._channel = channel
+        self._stub = pb_grpc.KVKeeperStub(channel)
+        self._health = health_pb2_grpc.HealthStub(channel)
+        self._ns = namespace
+        self._instance_id = instance_id
+        self._timeout = timeout
+        self._mode = transport
+        self._checksum_algo = _CHECKSUMS[checksum]
+        self._max_retries = max_retries
+        self._session_id = ""
+        self._namespace_id = b""
+        self._lease_ttl = 0.0
+        self._key_bytes = 0
+        self._max_keys = 0
+        self._max_message_bytes = 0
+        self._mapping: Any = None  # kvkeeper.client.shm.ShmMapping, or None: stream
+        self._register_lock = asyncio.Lock()
+        self._heartbeat_task: Optional[asyncio.Task] = None
+        self._closed = False
+
+    # ---- lifecycle
+
+    @classmethod
+    async def connect(cls, url: str, namespace: NamespaceLike, *, instance_id: str = "",
+                      timeout: float = 5.0, transport: str = "auto", checksum: str = "crc32",
+                      max_retries: int = 5) -> "AsyncClient":
+        """Open a channel to `url`, register a session and start heartbeats.
+
+        timeout: deadline of every RPC, in seconds (a stream's deadline covers
+        the whole stream). transport: "auto" maps the daemon's arena when it can
+        and streams otherwise; "shm" fails here if the arena cannot be mapped;
+        "stream" never maps. checksum: "crc32" sends checksums at commit and
+        verifies them at load; "none" does neither. max_retries: retries of an
+        idempotent call on UNAVAILABLE.
+        """
+        if transport not in _TRANSPORTS:
+            raise ValueError(f"transport must be one of {_TRANSPORTS}, got {transport!r}")
+        if checksum not in _CHECKSUMS:
+            raise ValueError(f"checksum must be one of {tuple(_CHECKSUMS)}, got {checksum!r}")
+        if not timeout or timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries!r}")
+        target = to_grpc_target(url)
+        ns = _namespace(namespace)
+        channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+        self = cls(channel, ns, instance_id=instance_id, timeout=float(timeout),
+                   transport=transport, checksum=checksum, max_retries=int(max_retries))
+        try:
+            self._apply_registration(await self._register(), initial=True)
+        except BaseException:
+            await self.close()  # also closes a session registered before the failure
+            raise
+        self._heartbeat_task = asyncio.create_task(self._heartbeat_loop(),
+                                                   name=f"kvkeeper-heartbeat-{self._session_id}")
+        return self
+
+    async def close(self) -> None:
+        """Close the session (best effort), stop heartbeats, unmap, close the channel.
+        Idempotent. The daemon releases this session's leases and reservations."""
+        if self._closed:
+            return
+        self._closed = True
+        task, self._heartbeat_task = self._heartbeat_task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        try:
+            if self._session_id:
+                await self._stub.CloseSession(pb.CloseSessionRequest(session_id=self._session_id),
+                                              timeout=self._timeout)
+        except Exception as e:  # the daemon expires the session by itself
+            log.debug("CloseSession failed: %s", e)
+        finally:
+            mapping, self._mapping = self._mapping, None
+            if mapping is not None:
+                mapping.close()
+            await self._channel.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ---- properties
+
+    @property
+    def session_id(self) -> str:
+        return self._session_id
+
+    @property
+    def namespace(self) -> pb.NamespaceDescriptor:
+        return self._ns
+
+    @property
+    def namespace_id(self) -> bytes:
+        return self._namespace_id
+
+    @property
+    def key_bytes(self) -> int:
+        return self._key_bytes
+
+    @property
+    def block_bytes(self) -> int:
+        return self._ns.block_bytes
+
+    @property
+    def max_keys_per_call(self) -> int:
+        return self._max_keys
+
+    @property
+    def lease_ttl_seconds(self) -> float:
+        return self._lease_ttl
+
+    @property
+    def transport(self) -> str:
+        """The byte path in use now: "shm" or "stream"."""
+        return "shm" if self._mapping is not None else "stream"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # ---- session
+
+    async def _register(self) -> pb.RegisterSessionResponse:
+        req = pb.RegisterSessionRequest(instance_id=self._instance_id, namespace=self._ns)
+        try:
+            return await call_with_retry(
+                lambda: self._stub.RegisterSession(req, timeout=self._timeout),
+                max_retries=self._max_retries)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, "RegisterSession") from e
+
+    def _apply_registration(self, resp: pb.RegisterSessionResponse, initial: bool) -> None:
+        if not resp.session_id:
+            raise _protocol_error("RegisterSession returned no session id")
+        self._session_id = resp.session_id
+        self._namespace_id = resp.namespace_id
+        self._lease_ttl = resp.lease_ttl_seconds
+        self._key_bytes = resp.key_bytes
+        self._max_keys = resp.max_keys_per_call
+        self._max_message_bytes = resp.max_message_bytes
+        self._update_mapping(resp.arena if resp.HasField("arena") else None,
+                             strict=initial and self._mode == "shm")
+
+    def _update_mapping(self, arena: Optional[pb.ShmArena], strict: bool) -> None:
+        """Map the arena the daemon announced, keeping the current mapping if
+        it is the same arena; None (stream) where it cannot be mapped."""
+        if self._mode == "stream":
+            return
+        old, new = self._mapping, None
+        if arena is not None and arena.path:
+            if (old is not None and old.path == arena.path
+                    and old.arena_id == bytes(arena.arena_id) and old.still_valid()):
+                return
+            from .shm import ShmMapping  # deferred: stream-only clients never touch mmap
+
+            new = ShmMapping.attach(arena.path, arena.size_bytes, bytes(arena.arena_id))
+        if old is not None:
+            old.close()
+        self._mapping = new
+        if new is None:
+            where = repr(arena.path) if arena is not None and arena.path else "no arena announced"
+            if strict:
+                raise FailedPreconditionError(
+                    f"transport='shm' but the daemon's arena cannot be mapped ({where}); "
+                    "is the client on the daemon's host with access to /dev/shm? "
+                    "Use transport='auto' to fall back to streaming",
+                    grpc.StatusCode.FAILED_PRECONDITION)
+            log.info("kvkeeper: shared memory not available (%s); streaming blocks", where)
+
+    async def _reregister(self, stale_session_id: str) -> str:
+        """Register again unless another task already replaced `stale_session_id`."""
+        async with self._register_lock:
+            if self._session_id != stale_session_id:
+                return self._session_id
+            self._apply_registration(await self._register(), initial=False)
+            log.warning("kvkeeper: session %s lost (daemon restarted or lease expired); "
+                        "registered again as %s", stale_session_id, self._session_id)
+            return self._session_id
+
+    async def _heartbeat_loop(self) -> None:
+        """Renew the lease every TTL/3. Never raises: failures are logged, and a
+        lost session is registered again so the next call finds a live one."""
+        while True:
+            ttl = self._lease_ttl
+            await asyncio.sleep(max(0.05, ttl / 3.0) if ttl > 0 else 10.0)
+            sid = self._session_id
+            try:
+                resp = await self._unary("Heartbeat", lambda s: pb.HeartbeatRequest(session_id=s),
+                                         retry=True, rebind=False)
+                if resp.lease_ttl_seconds > 0:
+                    self._lease_ttl = resp.lease_ttl_seconds
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                if not is_session_lost(e):
+                    log.warning("kvkeeper: heartbeat failed: %s", e)
+                    continue
+                try:
+                    await self._reregister(sid)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e2:
+                    log.warning("kvkeeper: registering again failed: %s", e2)
+
+    # ---- calls
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the kvkeeper client is closed")
+
+    async def _unary_sid(self, rpc: str, build: Callable[[str], Any], *, retry: bool,
+                         rebind: bool) -> Tuple[Any, str]:
+        """Call a unary RPC with the deadline, retrying it on UNAVAILABLE when
+        `retry`, and once more in a new session when the daemon lost ours and
+        `rebind` (the request carries no id of the old session). Returns the
+        response and the session id the request was made with."""
+        self._check_open()
+        method = getattr(self._stub, rpc)
+        sid = self._session_id
+        rebound = False
+        while True:
+            req = build(sid)
+            try:
+                resp = await call_with_retry(lambda: method(req, timeout=self._timeout),
+                                             max_retries=self._max_retries if retry else 0)
+                return resp, sid
+            except grpc.RpcError as e:
+                if rebind and not rebound and is_session_lost(e):
+                    sid = await self._reregister(sid)
+                    rebound = True
+                    continue
+                raise from_rpc_error(e, rpc) from e
+
+    async def _unary(self, rpc: str, build: Callable[[str], Any], *, retry: bool,
+                     rebind: bool) -> Any:
+        return (await self._unary_sid(rpc, build, retry=retry, rebind=rebind))[0]
+
+    def _live_mapping(self) -> Any:
+        """The mapping if the arena file is still the daemon's, else None (and
+        stream from now on, until a re-registration announces a new arena)."""
+        m = self._mapping
+        if m is None:
+            return None
+        if m.still_valid():
+            return m
+        log.warning("kvkeeper: arena %s changed under the mapping; streaming blocks", m.path)
+        self._mapping = None
+        m.close()
+        return None
+
+    def _check_keys(self, keys: Sequence[bytes]) -> List[bytes]:
+        out = [bytes(k) for k in keys]
+        kb = self._key_bytes
+        if kb:
+            for i, k in enumerate(out):
+                if len(k) != kb:
+                    raise ValueError(f"key {i} has {len(k)} bytes; the daemon expects {kb}")
+        return out
+
+    def _block_views(self, blocks: Sequence[Any], writable: bool) -> List[memoryview]:
+        bb = self._ns.block_bytes
+        views = []
+        for i, b in enumerate(blocks):
+            try:
+                v = byte_view(b, writable=writable)
+            except ValueError as e:
+                raise ValueError(f"block {i}: {e}") from None
+            if writable and v.nbytes >= bb:
+                v = v[:bb]
+            if v.nbytes != bb:
+                raise ValueError(f"block {i} has {v.nbytes} bytes; the namespace's block_bytes "
+                                 f"is {bb}")
+            views.append(v)
+        return views
+
+    async def _checksums(self, algos: Sequence[int], bufs: Sequence[Any]) -> List[Optional[int]]:
+        """Checksum of bufs[i] with algos[i] (None where the algo is unknown here)."""
+        def run() -> List[Optional[int]]:
+            return [ALGOS[a](b) if a in ALGOS else None for a, b in zip(algos, bufs)]
+
+        total = sum(byte_view(b).nbytes for a, b in zip(algos, bufs) if a in ALGOS)
+        return await asyncio.to_thread(run) if total >= _OFFLOAD_BYTES else run()
+
+    async def _verify(self, expected: Sequence[Tuple[int, int]], bufs: Sequence[Any]) -> None:
+        """Raise ChecksumError listing the blocks whose checksum differs."""
+        if self._checksum_algo == pb.CHECKSUM_NONE:
+            return
+        got = await self._checksums([a for a, _ in expected], bufs)
+        bad = [i for i, ((_, want), have) in enumerate(zip(expected, got))
+               if have is not None and have != want]
+        if bad:
+            raise ChecksumError(bad)
+
+    # ---- API
+
+    async def match(self, keys: Sequence[bytes], lease: bool = False) -> MatchResult:
+        """How many leading `keys` (chained, prefix order) the daemon holds.
+
+        With lease=True the matched blocks stay pinned until `release`; a
+        leased match looks at the first max_keys_per_call keys only (one lease
+        per call), an unleased one splits longer lists itself.
+        """
+        keys = self._check_keys(keys)
+        if not keys:
+            return MatchResult(0, [], None)
+        limit = self._max_keys or len(keys)
+        if lease:
+            keys = keys[:limit]
+        matched, tiers, lease_id = 0, [], None
+        for start in range(0, len(keys), limit):
+            part = keys[start:start + limit]
+            resp = await self._unary(
+                "Match", lambda s: pb.MatchRequest(session_id=s, keys=part, lease=lease),
+                retry=not lease, rebind=True)
+            matched += resp.matched
+            tiers.extend(resp.tiers)
+            if lease and resp.lease_id:
+                lease_id = resp.lease_id
+            if resp.matched < len(part):
+                break
+        return MatchResult(matched, tiers, lease_id)
+
+    async def load(self, lease_id: int) -> List[bytes]:
+        """The bytes of every block of the lease, in lease order."""
+        m = self._live_mapping()
+        if m is not None:
+            resp = await self._unary("Load", lambda s: pb.LoadRequest(session_id=s, lease_id=lease_id),
+                                     retry=True, rebind=False)
+            if m is self._mapping and m.still_valid():
+                blocks = [m.read(ref.extents) for ref in resp.blocks]
+                await self._verify([(r.checksum_algo, r.checksum) for r in resp.blocks], blocks)
+                return blocks
+        return await self._load_stream(lease_id, None)
+
+    async def load_into(self, lease_id: int, outs: Sequence[Any]) -> None:
+        """Copy the lease's blocks into `outs` (writable C-contiguous buffers of
+        at least block_bytes each, one per leased block, in lease order).
+        On ChecksumError every buffer is filled; the bad ones are listed."""
+        views = self._block_views(outs, writable=True)
+        m = self._live_mapping()
+        if m is not None:
+            resp = await self._unary("Load", lambda s: pb.LoadRequest(session_id=s, lease_id=lease_id),
+                                     retry=True, rebind=False)
+            if len(resp.blocks) != len(views):
+                raise ValueError(f"lease {lease_id} holds {len(resp.blocks)} blocks but "
+                                 f"{len(views)} buffers were given")
+            if m is self._mapping and m.still_valid():
+                bb = self._ns.block_bytes
+                for i, (ref, v) in enumerate(zip(resp.blocks, views)):
+                    length = sum(e.length for e in ref.extents)
+                    if length != bb:
+                        raise _protocol_error(f"block {i} of lease {lease_id} spans {length} "
+                                              f"bytes, not {bb}")
+                    m.read_into(ref.extents, v)
+                await self._verify([(r.checksum_algo, r.checksum) for r in resp.blocks], views)
+                return
+        await self._load_stream(lease_id, views)
+
+    async def _load_stream(self, lease_id: int, views: Optional[List[memoryview]]) -> List[bytes]:
+        """LoadStream, assembled into `views` (load_into) or into new bytes (load).
+        The stream is read-only, so a whole stream is retried on UNAVAILABLE."""
+        self._check_open()
+        bb = self._ns.block_bytes
+        sid = self._session_id
+        req = pb.LoadRequest(session_id=sid, lease_id=lease_id)
+
+        async def attempt() -> Tuple[dict, dict, dict]:
+            ranges: dict = {}   # index -> [(offset, length)]
+            parts: dict = {}    # index -> [(offset, data)], for load()
+            sums: dict = {}     # index -> (algo, checksum)
+            call = self._stub.LoadStream(req, timeout=self._timeout)
+            try:
+                async for ch in call:
+                    idx, off, data = ch.index, ch.offset, ch.data
+                    if off + len(data) > bb:
+                        raise _protocol_error(f"chunk [{off}, {off + len(data)}) of block {idx} "
+                                              f"is beyond block_bytes {bb}")
+                    if views is not None:
+                        if idx >= len(views):
+                            raise ValueError(f"lease {lease_id} holds more blocks than the "
+                                             f"{len(views)} buffers given")
+                        views[idx][off:off + len(data)] = data
+                    else:
+                        parts.setdefault(idx, []).append((off, data))
+                    ranges.setdefault(idx, []).append((off, len(data)))
+                    if ch.checksum_algo:
+                        sums[idx] = (ch.checksum_algo, ch.checksum)
+            finally:
+                call.cancel()  # no-op once the stream ended; stops it on our errors
+            return ranges, parts, sums
+
+        try:
+            ranges, parts, sums = await call_with_retry(attempt, max_retries=self._max_retries)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, "LoadStream") from e
+        n = len(ranges)
+        if sorted(ranges) != list(range(n)):
+            raise _protocol_error(f"LoadStream of lease {lease_id} sent block indices "
+                                  f"{sorted(ranges)}")
+        for idx, rs in ranges.items():
+            pos = 0
+            for off, length in sorted(rs):
+                if off != pos:
+                    raise _protocol_error(f"LoadStream left a gap or overlap in block {idx} "
+                                          f"at byte {pos}")
+                pos += length
+            if pos != bb:
+                raise _protocol_error(f"LoadStream sent {pos} of {bb} bytes of block {idx}")
+        if views is not None:
+            if n != len(views):
+                raise ValueError(f"lease {lease_id} holds {n} blocks but {len(views)} buffers "
+                                 "were given")
+            bufs: List[Any] = views
+            out: List[bytes] = []
+        else:
+            out = []
+            for idx in range(n):
+                ps = sorted(parts[idx], key=lambda p: p[0])
+                out.append(ps[0][1] if len(ps) == 1 else b"".join(d for _, d in ps))
+            bufs = out
+        await self._verify([sums.get(i, (pb.CHECKSUM_NONE, 0)) for i in range(n)], bufs)
+        return out
+
+    async def save(self, keys: Sequence[bytes], blocks: Sequence[Any]) -> SaveResult:
+        """Store blocks[i] under keys[i]: reserve, write the reserved ones,
+        commit. Keys the daemon already has or another writer holds are
+        skipped. Lists longer than max_keys_per_call go in several rounds; on
+        an error, rounds already committed stay committed."""
+        if len(keys) != len(blocks):
+            raise ValueError(f"{len(keys)} keys but {len(blocks)} blocks")
+        keys = self._check_keys(keys)
+        views = self._block_views(blocks, writable=False)
+        self._check_open()
+        totals = [0, 0, 0, 0]
+        limit = self._max_keys or max(1, len(keys))
+        for start in range(0, len(keys), limit):
+            r = await self._save_part(keys[start:start + limit], views[start:start + limit])
+            for i, v in enumerate((r.reserved, r.present, r.in_flight, r.committed)):
+                totals[i] += v
+        return SaveResult(*totals)
+
+    async def _save_part(self, keys: List[bytes], views: List[memoryview]) -> SaveResult:
+        for _ in range(2):  # a second round streams if the arena vanished after reserving
+            m = self._live_mapping()
+            transport = pb.TRANSPORT_SHM if m is not None else pb.TRANSPORT_STREAM
+            resp, sid = await self._unary_sid(
+                "ReserveSave",
+                lambda s: pb.ReserveSaveRequest(session_id=s, keys=keys, transport=transport),
+                retry=False, rebind=True)
+            rid = resp.reservation_id
+            try:
+                if len(resp.slots) != len(keys):
+                    raise _protocol_error(f"ReserveSave returned {len(resp.slots)} slots for "
+                                          f"{len(keys)} keys")
+                status = [s.status for s in resp.slots]
+                reserved = [i for i, st in enumerate(status) if st == pb.SLOT_RESERVED]
+                present = status.count(pb.SLOT_PRESENT)
+                in_flight = status.count(pb.SLOT_IN_FLIGHT)
+                if not rid:
+                    if reserved:
+                        raise _protocol_error("slots reserved without a reservation id")
+                    return SaveResult(0, present, in_flight, 0)
+                if transport == pb.TRANSPORT_SHM:
+                    if m is not self._mapping or not m.still_valid():
+                        await self._abort(sid, rid)
+                        continue
+                    for i in reserved:
+                        if not resp.slots[i].extents:
+                            raise _protocol_error(f"reserved slot {i} has no extents")
+                        m.write(resp.slots[i].extents, views[i])
+                else:
+                    await self._write_stream(sid, rid, [(i, views[i]) for i in reserved])
+                commit = pb.CommitSaveRequest(session_id=sid, reservation_id=rid)
+                if self._checksum_algo != pb.CHECKSUM_NONE:
+                    algo = self._checksum_algo
+                    sums = await self._checksums([algo] * len(reserved), [views[i] for i in reserved])
+                    per_key = [0] * len(keys)
+                    for i, c in zip(reserved, sums):
+                        per_key[i] = c or 0
+                    commit.checksum_algo = algo
+                    commit.checksums.extend(per_key)
+                cresp = await self._unary("CommitSave", lambda s: commit, retry=False,
+                                          rebind=False)
+            except BaseException:
+                if rid:
+                    await self._abort(sid, rid)
+                raise
+            return SaveResult(len(reserved), present, in_flight, cresp.committed)
+        raise KVKeeperClientError("the shared-memory arena changed twice during one save; "
+                                  "nothing was written", grpc.StatusCode.ABORTED)
+
+    async def _write_stream(self, sid: str, rid: int, items: List[Tuple[int, memoryview]]) -> None:
+        """WriteBlocks: the reserved blocks in chunks of at most 1 MiB (less if
+        the daemon's max message size asks for it)."""
+        if not items:
+            return
+        chunk = WRITE_CHUNK_BYTES
+        if self._max_message_bytes:
+            chunk = max(4096, min(chunk, self._max_message_bytes - 4096))
+
+        def messages():
+            first = True
+            for idx, view in items:
+                for off in range(0, view.nbytes, chunk):
+                    msg = pb.WriteChunk(index=idx, offset=off, data=bytes(view[off:off + chunk]))
+                    if first:
+                        msg.session_id, msg.reservation_id, first = sid, rid, False
+                    yield msg
+
+        try:
+            await self._stub.WriteBlocks(messages(), timeout=self._timeout)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, "WriteBlocks") from e
+
+    async def _abort(self, sid: str, rid: int) -> None:
+        """AbortSave, best effort: the reservation times out on its own anyway."""
+        try:
+            await self._unary("AbortSave",
+                              lambda s: pb.AbortSaveRequest(session_id=sid, reservation_id=rid),
+                              retry=True, rebind=False)
+        except Exception as e:
+            log.debug("kvkeeper: AbortSave of reservation %d failed: %s", rid, e)
+
+    async def release(self, lease_id: int, discard: bool = False) -> None:
+        """Unpin the lease's blocks; discard=True also drops the blocks nobody
+        else references (e.g. after a ChecksumError)."""
+        def build(s: str) -> pb.ReleaseRequest:
+            req = pb.ReleaseRequest(session_id=s, lease_id=lease_id)
+            if discard and _HAS_DISCARD:
+                req.discard = True
+            return req
+
+        await self._unary("Release", build, retry=True, rebind=False)
+
+    async def stats(self) -> pb.StatsResponse:
+        """The daemon's counters (tiers, sessions, leases, hits...)."""
+        return await self._unary("Stats", lambda s: pb.StatsRequest(), retry=True, rebind=False)
+
+    async def health(self, service: str = "") -> str:
+        """grpc.health.v1 status name: "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN"
+        or "UNKNOWN". Not retried: a probe should report the present."""
+        self._check_open()
+        try:
+            resp = await self._health.Check(health_pb2.HealthCheckRequest(service=service),
+                                            timeout=self._timeout)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, "Health.Check") from e
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)

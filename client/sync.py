@@ -1,0 +1,210 @@
+"""Blocking client: the asyncio client run on a private event loop thread.
+
+vLLM's connector hooks are synchronous and run on several threads, so this
+wraps AsyncClient instead of duplicating it: one daemon thread owns an event
+loop, the channel and the heartbeat task; every method hands a coroutine to
+that loop (asyncio.run_coroutine_threadsafe) and waits for it. Heartbeats
+therefore keep running while the caller's threads are busy, and any number of
+threads may call at once.
+
+Each wait is bounded (`call_timeout`, by default enough for every RPC of the
+call to use its deadline and all its retries); past it the call is cancelled
+and DeadlineExceededError is raised.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from typing import Any, Coroutine, List, Optional, Sequence, TypeVar
+
+import grpc
+
+from kvkeeper.v1 import kvkeeper_pb2 as pb
+
+from .aio import AsyncClient, MatchResult, NamespaceLike, SaveResult
+from .errors import DeadlineExceededError
+from .retry import MAX_DELAY
+
+__all__ = ["Client"]
+
+T = TypeVar("T")
+
+
+def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_forever()
+    finally:
+        try:
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for t in pending:
+                t.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
+
+
+class Client:
+    """A blocking session with the daemon. Create with `Client.connect(...)`;
+    the methods mirror AsyncClient's."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, thread: threading.Thread,
+                 aclient: AsyncClient, timeout: float, max_retries: int,
+                 call_timeout: Optional[float]) -> None:
+        self._loop = loop
+        self._thread = thread
+        self._aclient = aclient
+        self._timeout = timeout
+        self._max_retries = max_retries
+        self._call_timeout = call_timeout
+        self._close_lock = threading.Lock()
+        self._closed = False
+
+    # ---- lifecycle
+
+    @classmethod
+    def connect(cls, url: str, namespace: NamespaceLike, *, instance_id: str = "",
+                timeout: float = 5.0, transport: str = "auto", checksum: str = "crc32",
+                max_retries: int = 5, call_timeout: Optional[float] = None) -> "Client":
+        """Start the loop thread and connect there (see AsyncClient.connect).
+
+        call_timeout: the most seconds one method may block; None derives it
+        from timeout and max_retries and the number of RPCs the call makes.
+        """
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=_run_loop, args=(loop,), name="kvkeeper-client",
+                                  daemon=True)
+        thread.start()
+        fut = asyncio.run_coroutine_threadsafe(
+            AsyncClient.connect(url, namespace, instance_id=instance_id, timeout=timeout,
+                                transport=transport, checksum=checksum,
+                                max_retries=max_retries), loop)
+        try:
+            budget = call_timeout or _budget(timeout, max_retries, 2)
+            aclient = _wait(fut, budget, "connect")
+        except BaseException:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(5.0)
+            raise
+        return cls(loop, thread, aclient, timeout, max_retries, call_timeout)
+
+    def close(self) -> None:
+        """Close the session and stop the loop thread. Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self._submit(self._aclient.close(), rpcs=1, check=False)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            if threading.current_thread() is not self._thread:
+                self._thread.join(5.0)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- forwarding
+
+    def _submit(self, coro: Coroutine[Any, Any, T], rpcs: int = 1, check: bool = True) -> T:
+        if check and self._closed:
+            coro.close()
+            raise RuntimeError("the kvkeeper client is closed")
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("kvkeeper.client.Client called from its own event loop thread; "
+                               "use AsyncClient there")
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        budget = self._call_timeout or _budget(self._timeout, self._max_retries, rpcs)
+        return _wait(fut, budget, getattr(coro, "__name__", "call"))
+
+    def _rounds(self, n: int) -> int:
+        limit = self._aclient.max_keys_per_call
+        return max(1, math.ceil(n / limit)) if limit else 1
+
+    # ---- properties (read-only snapshots of the async client's state)
+
+    @property
+    def session_id(self) -> str:
+        return self._aclient.session_id
+
+    @property
+    def namespace(self) -> pb.NamespaceDescriptor:
+        return self._aclient.namespace
+
+    @property
+    def namespace_id(self) -> bytes:
+        return self._aclient.namespace_id
+
+    @property
+    def key_bytes(self) -> int:
+        return self._aclient.key_bytes
+
+    @property
+    def block_bytes(self) -> int:
+        return self._aclient.block_bytes
+
+    @property
+    def max_keys_per_call(self) -> int:
+        return self._aclient.max_keys_per_call
+
+    @property
+    def lease_ttl_seconds(self) -> float:
+        return self._aclient.lease_ttl_seconds
+
+    @property
+    def transport(self) -> str:
+        return self._aclient.transport
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # ---- API (see AsyncClient for the semantics)
+
+    def match(self, keys: Sequence[bytes], lease: bool = False) -> MatchResult:
+        return self._submit(self._aclient.match(keys, lease), rpcs=2 * self._rounds(len(keys)))
+
+    def load(self, lease_id: int) -> List[bytes]:
+        return self._submit(self._aclient.load(lease_id), rpcs=2)
+
+    def load_into(self, lease_id: int, outs: Sequence[Any]) -> None:
+        self._submit(self._aclient.load_into(lease_id, outs), rpcs=2)
+
+    def save(self, keys: Sequence[bytes], blocks: Sequence[Any]) -> SaveResult:
+        return self._submit(self._aclient.save(keys, blocks), rpcs=6 * self._rounds(len(keys)))
+
+    def release(self, lease_id: int, discard: bool = False) -> None:
+        self._submit(self._aclient.release(lease_id, discard))
+
+    def stats(self) -> pb.StatsResponse:
+        return self._submit(self._aclient.stats())
+
+    def health(self, service: str = "") -> str:
+        return self._submit(self._aclient.health(service))
+
+
+def _budget(timeout: float, max_retries: int, rpcs: int) -> float:
+    """Worst case of `rpcs` calls each using its deadline on every try, plus backoff."""
+    per_rpc = timeout * (max_retries + 1) + MAX_DELAY * max_retries
+    return rpcs * per_rpc + 5.0
+
+
+def _wait(fut: "asyncio.Future[T] | Any", budget: float, what: str) -> T:
+    try:
+        return fut.result(timeout=budget)
+    except TimeoutError:
+        if fut.done():  # the coroutine itself raised TimeoutError
+            raise
+        fut.cancel()
+        raise DeadlineExceededError(f"{what} did not finish within {budget:.1f} s",
+                                    grpc.StatusCode.DEADLINE_EXCEEDED) from None
+    except BaseException:
+        fut.cancel()  # e.g. KeyboardInterrupt in the caller: stop the work too
+        raise

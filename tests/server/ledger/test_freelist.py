@@ -1,0 +1,162 @@
+"""The intrusive doubly linked free list (server/ledger/freelist.py)."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvkeeper.server.ledger.freelist import FreeList
+
+
+class Node:
+    __slots__ = ("name", "prev", "next")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.prev = None
+        self.next = None
+
+    def __repr__(self) -> str:
+        return f"Node({self.name})"
+
+
+def names(fl: FreeList) -> list[str]:
+    return [n.name for n in fl]
+
+
+def check_links(fl: FreeList) -> None:
+    """Forward and backward walks agree and match len()."""
+    fwd, node = [], fl._head.next
+    while node is not fl._tail:
+        fwd.append(node)
+        node = node.next
+    back, node = [], fl._tail.prev
+    while node is not fl._head:
+        back.append(node)
+        node = node.prev
+    assert fwd == back[::-1]
+    assert len(fwd) == len(fl)
+
+
+def test_empty_list():
+    fl = FreeList()
+    assert len(fl) == 0 and list(fl) == []
+    assert fl.popleft() is None and fl.peekleft() is None
+    check_links(fl)
+
+
+def test_append_keeps_insertion_order_and_popleft_takes_the_oldest():
+    fl = FreeList()
+    a, b, c = Node("a"), Node("b"), Node("c")
+    for n in (a, b, c):
+        fl.append(n)
+    assert names(fl) == ["a", "b", "c"] and len(fl) == 3
+    assert fl.peekleft() is a and len(fl) == 3  # peek does not unlink
+    assert fl.popleft() is a
+    assert a.prev is None and a.next is None
+    assert names(fl) == ["b", "c"] and len(fl) == 2
+    check_links(fl)
+
+
+@pytest.mark.parametrize("victim", ["a", "b", "c"])
+def test_remove_from_any_position(victim):
+    fl = FreeList()
+    nodes = {n: Node(n) for n in "abc"}
+    for n in nodes.values():
+        fl.append(n)
+    fl.remove(nodes[victim])
+    assert names(fl) == [n for n in "abc" if n != victim]
+    assert nodes[victim].prev is None and nodes[victim].next is None
+    check_links(fl)
+    # An unlinked node can be appended again; it goes to the back.
+    fl.append(nodes[victim])
+    assert names(fl)[-1] == victim and len(fl) == 3
+    check_links(fl)
+
+
+def test_remove_relinks_only_the_neighbours():
+    # O(1): remove touches the node and its two neighbours, nothing else.
+    fl = FreeList()
+    a, b, c = Node("a"), Node("b"), Node("c")
+    for n in (a, b, c):
+        fl.append(n)
+    fl.remove(b)
+    assert a.next is c and c.prev is a
+
+
+def test_double_append_raises_and_changes_nothing():
+    fl = FreeList()
+    a, b = Node("a"), Node("b")
+    fl.append(a)
+    fl.append(b)
+    with pytest.raises(ValueError, match="already linked"):
+        fl.append(a)
+    assert names(fl) == ["a", "b"] and len(fl) == 2
+    check_links(fl)
+
+
+def test_append_of_a_node_linked_in_another_list_raises():
+    one, two = FreeList(), FreeList()
+    a = Node("a")
+    one.append(a)
+    with pytest.raises(ValueError):
+        two.append(a)
+    assert len(two) == 0 and names(one) == ["a"]
+
+
+def test_remove_of_an_unlinked_node_raises_and_changes_nothing():
+    fl = FreeList()
+    a, b = Node("a"), Node("b")
+    fl.append(a)
+    with pytest.raises(ValueError, match="not linked"):
+        fl.remove(b)
+    fl.remove(a)
+    with pytest.raises(ValueError):
+        fl.remove(a)  # twice
+    assert len(fl) == 0 and list(fl) == []
+    check_links(fl)
+
+
+def test_iteration_survives_removing_the_current_node():
+    fl = FreeList()
+    nodes = [Node(str(i)) for i in range(5)]
+    for n in nodes:
+        fl.append(n)
+    seen = []
+    for n in fl:
+        seen.append(n.name)
+        if int(n.name) % 2 == 0:
+            fl.remove(n)
+    assert seen == ["0", "1", "2", "3", "4"]
+    assert names(fl) == ["1", "3"]
+    check_links(fl)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["append", "remove", "popleft"]),
+                          st.integers(0, 5)), max_size=60))
+def test_matches_a_python_list_model(ops):
+    fl, model = FreeList(), []
+    nodes = [Node(str(i)) for i in range(6)]
+    for op, i in ops:
+        n = nodes[i]
+        if op == "append":
+            if n in model:
+                with pytest.raises(ValueError):
+                    fl.append(n)
+            else:
+                fl.append(n)
+                model.append(n)
+        elif op == "remove":
+            if n in model:
+                fl.remove(n)
+                model.remove(n)
+            else:
+                with pytest.raises(ValueError):
+                    fl.remove(n)
+        else:
+            got = fl.popleft()
+            assert got is (model.pop(0) if model else None)
+        assert list(fl) == model
+        assert fl.peekleft() is (model[0] if model else None)
+        check_links(fl)

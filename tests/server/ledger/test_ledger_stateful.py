@@ -1,0 +1,351 @@
+"""A model-based stateful test of the ledger.
+
+Several sessions in two namespaces (1 and 2 pages per block) share a 6-page
+tier over 5 keys, so reservations contend, evict, and run out of room. The
+model tracks, independently of the ledger, which keys are committed, pending
+and leased, who owns which lease and reservation, and every deadline; each rule
+predicts the outcome (value or typed error) before calling the ledger.
+Evictions are the one thing the model does not choose: it observes them and
+checks that they took only unpinned, unrequested blocks, a minimal prefix of
+the policy order.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Optional
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from kvkeeper.server.errors import FailedPrecondition, NotFound, ResourceExhausted
+from kvkeeper.server.ids import HOST
+from kvkeeper.server.ledger import (BlockState, Ledger, LedgerConfig, NamespaceDescriptor,
+                                    SlotStatus, TierSpec)
+
+PAGE = 100
+CAP = 6
+TTL = 10.0
+RES_TIMEOUT = 6.0
+DESCS = [NamespaceDescriptor("ns-a", block_tokens=4, block_bytes=100),
+         NamespaceDescriptor("ns-b", block_tokens=4, block_bytes=200)]
+PPB = [1, 2]
+KEYS = [bytes([i]) * 32 for i in range(5)]
+UNKNOWN_SID = "0-unknown"
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    policy = "lru"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.led = Ledger(LedgerConfig(tiers=[TierSpec(HOST, CAP * PAGE, PAGE)],
+                                       policy=self.policy, lease_ttl_s=TTL,
+                                       reservation_timeout_s=RES_TIMEOUT))
+        self.now = 0.0
+        self.sess: dict[str, list] = {}          # live sid -> [ns index, deadline]
+        self.dead: dict[str, int] = {}           # dropped sid -> ns index
+        self.leases: dict[int, tuple[str, int, tuple[bytes, ...]]] = {}
+        self.old_leases: dict[int, str] = {}     # released lease -> owner
+        self.res: dict[int, tuple[str, int, tuple[bytes, ...], float]] = {}
+        self.old_res: dict[int, str] = {}        # closed reservation -> owner
+        self.committed: list[set[bytes]] = [set(), set()]
+        self.pending: list[set[bytes]] = [set(), set()]
+        self.ns_ids: list[Optional[bytes]] = [None, None]
+
+    # ------------------------------------------------------------ model helpers
+    def leased(self) -> Counter:
+        c: Counter = Counter()
+        for _, n, keys in self.leases.values():
+            for k in keys:
+                c[(n, k)] += 1
+        return c
+
+    def drop_session(self, sid: str) -> None:
+        n = self.sess.pop(sid)[0]
+        self.dead[sid] = n
+        for lid in [l for l, v in self.leases.items() if v[0] == sid]:
+            del self.leases[lid]
+            self.old_leases[lid] = sid
+        for rid in [r for r, v in self.res.items() if v[0] == sid]:
+            self.drop_reservation(rid)
+
+    def drop_reservation(self, rid: int) -> None:
+        sid, n, keys, _ = self.res.pop(rid)
+        self.pending[n] -= set(keys)
+        self.old_res[rid] = sid
+
+    def gate(self, sid: str):
+        """What the session lookup does: None when the call goes ahead, else the error."""
+        if sid in self.dead:
+            return FailedPrecondition
+        if sid not in self.sess:
+            return NotFound
+        if self.sess[sid][1] < self.now:
+            self.drop_session(sid)               # lazily expired by this very call
+            return FailedPrecondition
+        self.sess[sid][1] = self.now + TTL
+        return None
+
+    def any_sid(self, data) -> str:
+        return data.draw(st.sampled_from(sorted(self.sess) + sorted(self.dead) + [UNKNOWN_SID]),
+                         label="sid")
+
+    def present(self) -> list[set[bytes]]:
+        out = []
+        for nid in self.ns_ids:
+            ns = self.led.namespaces.get(nid) if nid is not None else None
+            out.append(set() if ns is None else set(ns.blocks))
+        return out
+
+    def ns_index(self, nid: bytes) -> int:
+        return self.ns_ids.index(nid)
+
+    # ------------------------------------------------------------ rules
+    @precondition(lambda self: len(self.sess) + len(self.dead) < 6)
+    @rule(n=st.integers(0, 1))
+    def register(self, n):
+        s = self.led.register_session(f"inst-{len(self.sess) + len(self.dead)}", DESCS[n], self.now)
+        assert s.id not in self.sess and s.id not in self.dead
+        self.sess[s.id] = [n, self.now + TTL]
+        self.ns_ids[n] = bytes(s.ns.id)
+
+    @rule(dt=st.sampled_from([0.5, 2.0, 5.0, 11.0]))
+    def advance(self, dt):
+        self.now += dt
+
+    @rule()
+    def expire(self):
+        want_sessions = {sid for sid, (_, dl) in self.sess.items() if dl < self.now}
+        for sid in want_sessions:
+            self.drop_session(sid)
+        want_res = {rid for rid, v in self.res.items() if v[3] < self.now}
+        for rid in want_res:
+            self.drop_reservation(rid)
+        report = self.led.expire(self.now)
+        assert set(report.sessions) == want_sessions and len(report.sessions) == len(want_sessions)
+        assert set(report.reservations) == want_res
+
+    @rule(data=st.data())
+    def heartbeat(self, data):
+        sid = self.any_sid(data)
+        err = self.gate(sid)
+        if err:
+            with pytest.raises(err):
+                self.led.heartbeat(sid, self.now)
+        else:
+            self.led.heartbeat(sid, self.now)
+
+    @precondition(lambda self: self.sess)
+    @rule(data=st.data())
+    def close(self, data):
+        sid = data.draw(st.sampled_from(sorted(self.sess)), label="sid")
+        err = self.gate(sid)
+        if err:
+            with pytest.raises(err):
+                self.led.close_session(sid, self.now)
+            return
+        self.led.close_session(sid, self.now)
+        self.drop_session(sid)
+
+    @rule(data=st.data(), lease=st.booleans())
+    def match(self, data, lease):
+        sid = self.any_sid(data)
+        keys = data.draw(st.lists(st.sampled_from(KEYS), max_size=4), label="keys")
+        err = self.gate(sid)
+        if err:
+            with pytest.raises(err):
+                self.led.match(sid, keys, lease=lease, now=self.now)
+            return
+        n = self.sess[sid][0]
+        expected = 0
+        for k in keys:                           # only committed keys count, never pending
+            if k not in self.committed[n]:
+                break
+            expected += 1
+        r = self.led.match(sid, keys, lease=lease, now=self.now)
+        assert r.matched == expected
+        assert r.tiers == [HOST] * expected
+        if lease and expected:
+            assert r.lease_id is not None and r.lease_id not in self.leases
+            assert r.lease_id not in self.old_leases
+            self.leases[r.lease_id] = (sid, n, tuple(keys[:expected]))
+        else:
+            assert r.lease_id is None
+
+    @precondition(lambda self: self.leases or self.old_leases)
+    @rule(data=st.data(), discard=st.booleans(), foreign=st.booleans())
+    def release(self, data, discard, foreign):
+        lid = data.draw(st.sampled_from(sorted(self.leases) + sorted(self.old_leases)), label="lid")
+        owner = self.leases[lid][0] if lid in self.leases else self.old_leases[lid]
+        sid = self.any_sid(data) if foreign else owner
+        err = self.gate(sid)
+        if err is None and (lid not in self.leases or self.leases[lid][0] != sid):
+            err = FailedPrecondition             # released already, or someone else's
+        if err:
+            with pytest.raises(err):
+                self.led.release(sid, lid, self.now, discard=discard)
+            return
+        self.led.release(sid, lid, self.now, discard=discard)
+        _, n, keys = self.leases.pop(lid)
+        self.old_leases[lid] = sid
+        if discard:
+            still = self.leased()
+            for k in keys:
+                if still[(n, k)] == 0:
+                    self.committed[n].discard(k)
+
+    @rule(data=st.data())
+    def reserve(self, data):
+        sid = self.any_sid(data)
+        keys = data.draw(st.lists(st.sampled_from(KEYS), min_size=1, max_size=4, unique=True),
+                         label="keys")
+        err = self.gate(sid)
+        if err:
+            with pytest.raises(err):
+                self.led.reserve(sid, keys, self.now)
+            return
+        n = self.sess[sid][0]
+        leased = self.leased()
+        statuses, new = [], []
+        for k in keys:
+            if k in self.committed[n]:
+                statuses.append(SlotStatus.PRESENT)
+            elif k in self.pending[n]:
+                statuses.append(SlotStatus.IN_FLIGHT)
+            else:
+                statuses.append(SlotStatus.RESERVED)
+                new.append(k)
+        pinned = sum(PPB[m] * (len(self.pending[m]) + len({k for (mm, k) in leased if mm == m}))
+                     for m in (0, 1))
+        protected = {(n, k) for k, st_ in zip(keys, statuses)
+                     if st_ == SlotStatus.PRESENT and leased[(n, k)] == 0}
+        room = CAP - pinned - PPB[n] * len(protected)
+        needed = PPB[n] * len(new)
+        tier = self.led.top
+        if new and needed > room:
+            before = (self.present(), tier.free_pages, tier.evictable_pages, dict(tier.evictions))
+            with pytest.raises(ResourceExhausted):
+                self.led.reserve(sid, keys, self.now)
+            after = (self.present(), tier.free_pages, tier.evictable_pages, dict(tier.evictions))
+            assert after == before               # nothing reserved, nothing evicted
+            return
+        order = [(self.ns_index(bytes(b.ns.id)), bytes(b.key)) for b in tier.policy]
+        free_before = tier.free_pages
+        r = self.led.reserve(sid, keys, self.now)
+        assert r.statuses == statuses
+        if not new:
+            assert r.reservation_id is None and r.blocks == [None] * len(keys)
+            return
+        assert r.reservation_id is not None
+        assert r.reservation_id not in self.res and r.reservation_id not in self.old_res
+        assert r.expires_at == self.now + RES_TIMEOUT
+        # Which committed blocks went, and were they fair game?
+        present = self.present()
+        evicted = {(m, k) for m in (0, 1) for k in self.committed[m] if k not in present[m]}
+        assert not any(leased[x] for x in evicted), "a leased block was evicted"
+        assert not evicted & protected, "a block reported PRESENT was evicted"
+        candidates = [x for x in order if x not in protected]
+        assert evicted == set(candidates[:len(evicted)]), "victims are not the policy's order"
+        freed = sum(PPB[m] for m, _ in evicted)
+        assert free_before + freed >= needed
+        if evicted:
+            last = candidates[len(evicted) - 1]
+            assert free_before + freed - PPB[last[0]] < needed, "evicted more than needed"
+        for m, k in evicted:
+            self.committed[m].discard(k)
+        self.pending[n] |= set(new)
+        self.res[r.reservation_id] = (sid, n, tuple(new), self.now + RES_TIMEOUT)
+
+    def _close_reservation(self, data, foreign, commit: bool, checksums: bool = False):
+        rid = data.draw(st.sampled_from(sorted(self.res) + sorted(self.old_res)), label="rid")
+        owner = self.res[rid][0] if rid in self.res else self.old_res[rid]
+        sid = self.any_sid(data) if foreign else owner
+        err = self.gate(sid)
+        if err is None:
+            if rid not in self.res or self.res[rid][0] != sid:
+                err = FailedPrecondition
+            elif self.res[rid][3] < self.now:
+                self.drop_reservation(rid)       # timed out, swept by this call
+                err = FailedPrecondition
+        call = (lambda: self.led.commit(sid, rid, self.now, checksum_algo=1,
+                                        checksums=list(range(len(r.entries))) if checksums else ())) \
+            if commit else (lambda: self.led.abort(sid, rid, self.now))
+        r = self.led.reservations.get(rid)
+        if err:
+            with pytest.raises(err):
+                call()
+            return
+        _, n, keys, _ = self.res[rid]
+        got = call()
+        self.res.pop(rid)
+        self.old_res[rid] = sid
+        self.pending[n] -= set(keys)
+        if commit:
+            assert got == len(keys)
+            self.committed[n] |= set(keys)
+
+    @precondition(lambda self: self.res or self.old_res)
+    @rule(data=st.data(), foreign=st.booleans(), checksums=st.booleans())
+    def commit(self, data, foreign, checksums):
+        self._close_reservation(data, foreign, True, checksums)
+
+    @precondition(lambda self: self.res or self.old_res)
+    @rule(data=st.data(), foreign=st.booleans())
+    def abort(self, data, foreign):
+        self._close_reservation(data, foreign, False)
+
+    @rule()
+    def reclaim_unpinned(self):
+        leased = self.leased()
+        expected = 0
+        for n in (0, 1):
+            keep = {k for k in self.committed[n] if leased[(n, k)]}
+            expected += len(self.committed[n] - keep)
+            self.committed[n] = keep
+        assert self.led.reclaim_unpinned() == expected
+
+    # ------------------------------------------------------------ invariants
+    @invariant()
+    def books_balance(self):
+        led, tier = self.led, self.led.top
+        led.check_invariants()
+        used = sum(PPB[n] * (len(self.committed[n]) + len(self.pending[n])) for n in (0, 1))
+        assert tier.used_pages == used
+        assert tier.free_pages == CAP - used >= 0
+        leased = self.leased()
+        evictable = sum(PPB[n] for n in (0, 1) for k in self.committed[n] if not leased[(n, k)])
+        assert tier.evictable_pages == evictable
+        for n, nid in enumerate(self.ns_ids):
+            ns = led.namespaces.get(nid) if nid is not None else None
+            blocks = {} if ns is None else ns.blocks
+            assert {k for k, b in blocks.items() if b.state is BlockState.COMMITTED} == self.committed[n]
+            assert {k for k, b in blocks.items() if b.state is BlockState.PENDING} == self.pending[n]
+            assert len(blocks) == len(self.committed[n]) + len(self.pending[n])
+            for k, b in blocks.items():
+                assert b.refs >= 0 and b.refs == leased[(n, k)]
+        # A block held by a live lease is present and committed, whatever was evicted.
+        for (n, k), count in leased.items():
+            b = led.block(self.ns_ids[n], k)
+            assert b is not None and b.state is BlockState.COMMITTED and b.refs == count
+        for b in tier.policy:
+            assert b.refs == 0 and b.state is BlockState.COMMITTED
+        assert set(led.sessions) == set(self.sess)
+        assert set(led.leases) == set(self.leases)
+        assert set(led.reservations) == set(self.res)
+        for sid, (n, deadline) in self.sess.items():
+            assert led.sessions[sid].expires_at == deadline
+
+
+class HitsLRULedgerMachine(LedgerMachine):
+    policy = "hits-lru"
+
+
+SETTINGS = settings(max_examples=150, stateful_step_count=30, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+TestLedgerStatefulLRU = LedgerMachine.TestCase
+TestLedgerStatefulLRU.settings = SETTINGS
+TestLedgerStatefulHitsLRU = HitsLRULedgerMachine.TestCase
+TestLedgerStatefulHitsLRU.settings = SETTINGS
