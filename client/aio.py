@@ -58,7 +58,6 @@ _CHANNEL_OPTIONS = [
 ]
 _TRANSPORTS = ("auto", "shm", "stream")
 _CHECKSUMS = {"crc32": pb.CHECKSUM_CRC32, "none": pb.CHECKSUM_NONE}
-_HAS_DISCARD = "discard" in pb.ReleaseRequest.DESCRIPTOR.fields_by_name
 
 NamespaceLike = Union[Mapping[str, Any], pb.NamespaceDescriptor]
 
@@ -646,14 +645,14 @@ class AsyncClient:
         except Exception as e:
             log.debug("kvkeeper: AbortSave of reservation %d failed: %s", rid, e)
 
-    async def release(self, lease_id: int, discard: bool = False) -> None:
-        """Unpin the lease's blocks; discard=True also drops the blocks nobody
-        else references (e.g. after a ChecksumError)."""
+    async def release(self, lease_id: int, discard: bool = False,
+                      discard_indices: Sequence[int] = ()) -> None:
+        """Unpin the lease's blocks. discard=True also drops every block of the
+        lease nobody else references; discard_indices drops just those lease
+        positions (e.g. ChecksumError.bad_indices)."""
         def build(s: str) -> pb.ReleaseRequest:
-            req = pb.ReleaseRequest(session_id=s, lease_id=lease_id)
-            if discard and _HAS_DISCARD:
-                req.discard = True
-            return req
+            return pb.ReleaseRequest(session_id=s, lease_id=lease_id, discard=discard,
+                                     discard_indices=list(discard_indices))
 
         await self._unary("Release", build, retry=True, rebind=False)
 

@@ -180,8 +180,9 @@ class Client:
     def save(self, keys: Sequence[bytes], blocks: Sequence[Any]) -> SaveResult:
         return self._submit(self._aclient.save(keys, blocks), rpcs=6 * self._rounds(len(keys)))
 
-    def release(self, lease_id: int, discard: bool = False) -> None:
-        self._submit(self._aclient.release(lease_id, discard))
+    def release(self, lease_id: int, discard: bool = False,
+                discard_indices: Sequence[int] = ()) -> None:
+        self._submit(self._aclient.release(lease_id, discard, discard_indices))
 
     def stats(self) -> pb.StatsResponse:
         return self._submit(self._aclient.stats())

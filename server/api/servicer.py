@@ -159,7 +159,7 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
     @_observed
     async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseResponse:
         self.ledger.release(SessionId(request.session_id), request.lease_id, self.clock(),
-                            discard=request.discard)
+                            discard=request.discard, discard_indices=request.discard_indices)
         return pb.ReleaseResponse()
 
     # ------------------------------------------------------------ save

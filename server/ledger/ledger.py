@@ -136,7 +136,7 @@ class Ledger:
 
     def _drop_session(self, session: Session) -> None:
         for lid in list(session.leases):
-            self._release(self.leases[lid], discard=False, now=session.expires_at)
+            self._release(self.leases[lid], discard=(), now=session.expires_at)
         for rid in list(session.reservations):
             self._abort(self.reservations[rid], Event.ABORT)
         session.ns.sessions -= 1
@@ -200,10 +200,18 @@ class Ledger:
             raise FailedPrecondition(f"lease {lease_id} belongs to another session")
         return lease
 
-    def release(self, sid: SessionId, lease_id: int, now: float, *, discard: bool = False) -> None:
-        """Drop a lease. With `discard`, blocks left unreferenced are reclaimed at once."""
+    def release(self, sid: SessionId, lease_id: int, now: float, *, discard: bool = False,
+                discard_indices: Sequence[int] = ()) -> None:
+        """Drop a lease. Blocks to discard (all with `discard`, or those at
+        `discard_indices`) are reclaimed at once when no other lease holds them."""
         lease = self.lease(sid, lease_id, now)
-        self._release(lease, discard=discard, now=now)
+        n = len(lease.blocks)
+        bad = [i for i in discard_indices if not 0 <= i < n]
+        if bad:
+            raise InvalidArgument(
+                f"discard index {bad[0]} is outside lease {lease_id} of {n} blocks")
+        drop: Iterable[Block] = lease.blocks if discard else [lease.blocks[i] for i in discard_indices]
+        self._release(lease, discard=drop, now=now)
 
     def _raise_unknown_lease(self, lease_id: int) -> None:
         if 0 < lease_id < self._next_lease:
@@ -212,15 +220,14 @@ class Ledger:
                 "release each lease exactly once")
         raise NotFound(f"unknown lease {lease_id}; leases come from Match with lease=true")
 
-    def _release(self, lease: Lease, *, discard: bool, now: float) -> None:
+    def _release(self, lease: Lease, *, discard: Iterable[Block], now: float) -> None:
         for b in reversed(lease.blocks):  # tail first, as in match()
             self._unpin(b, now)
-        if discard:
-            for b in lease.blocks:
-                if b.refs == 0 and b.state is S.COMMITTED:
-                    b.tier.policy.remove(b)
-                    b.tier.evictable_pages -= b.ns.pages_per_block
-                    self._drop(b, Event.RECLAIM, "discarded")
+        for b in discard:
+            if b.refs == 0 and b.state is S.COMMITTED:
+                b.tier.policy.remove(b)
+                b.tier.evictable_pages -= b.ns.pages_per_block
+                self._drop(b, Event.RECLAIM, "discarded")
         del self.leases[lease.id]
         lease.session.leases.discard(lease.id)
 

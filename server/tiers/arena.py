@@ -166,10 +166,11 @@ class Arena:
     @classmethod
     def create(cls, path: str, size_bytes: int, page_bytes: int) -> "Arena":
         """Create (or replace) the arena file at `path` and map it."""
-        if isinstance(page_bytes, bool) or not isinstance(page_bytes, int):
-            raise ValueError(f"page_bytes must be an int, got {page_bytes!r}")
-        if isinstance(size_bytes, bool) or not isinstance(size_bytes, int):
-            raise ValueError(f"size_bytes must be an int, got {size_bytes!r}")
+        try:
+            page_bytes, size_bytes = _index(page_bytes), _index(size_bytes)
+        except TypeError:
+            raise ValueError(f"page_bytes and size_bytes must be integers, got "
+                             f"{page_bytes!r} and {size_bytes!r}") from None
         if page_bytes <= 0 or page_bytes % PAGE_ALIGN:
             raise ValueError(f"page_bytes must be a positive multiple of {PAGE_ALIGN}, "
                              f"got {page_bytes}")

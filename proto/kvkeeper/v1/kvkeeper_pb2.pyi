@@ -278,14 +278,16 @@ class AbortSaveResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("session_id", "lease_id", "discard")
+    __slots__ = ("session_id", "lease_id", "discard", "discard_indices")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     DISCARD_FIELD_NUMBER: _ClassVar[int]
+    DISCARD_INDICES_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     lease_id: int
     discard: bool
-    def __init__(self, session_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., discard: _Optional[bool] = ...) -> None: ...
+    discard_indices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., discard: _Optional[bool] = ..., discard_indices: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
     __slots__ = ()

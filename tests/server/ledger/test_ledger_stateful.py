@@ -15,9 +15,10 @@ from collections import Counter
 from typing import Optional
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
+                                 rule)
 
 from kvkeeper.server.errors import FailedPrecondition, NotFound, ResourceExhausted
 from kvkeeper.server.ids import HOST
@@ -83,14 +84,19 @@ class LedgerMachine(RuleBasedStateMachine):
         if sid not in self.sess:
             return NotFound
         if self.sess[sid][1] < self.now:
+            event("session lapsed, dropped by its next call")
             self.drop_session(sid)               # lazily expired by this very call
             return FailedPrecondition
         self.sess[sid][1] = self.now + TTL
         return None
 
     def any_sid(self, data) -> str:
-        return data.draw(st.sampled_from(sorted(self.sess) + sorted(self.dead) + [UNKNOWN_SID]),
-                         label="sid")
+        """Mostly a live session; sometimes a dropped or never-issued one."""
+        live = sorted(self.sess)
+        others = sorted(self.dead) + [UNKNOWN_SID]
+        if live and data.draw(st.integers(0, 4), label="live?"):
+            return data.draw(st.sampled_from(live), label="sid")
+        return data.draw(st.sampled_from(others), label="sid")
 
     def present(self) -> list[set[bytes]]:
         out = []
@@ -103,6 +109,11 @@ class LedgerMachine(RuleBasedStateMachine):
         return self.ns_ids.index(nid)
 
     # ------------------------------------------------------------ rules
+    @initialize()
+    def two_sessions(self):
+        self.register(0)
+        self.register(1)
+
     @precondition(lambda self: len(self.sess) + len(self.dead) < 6)
     @rule(n=st.integers(0, 1))
     def register(self, n):
@@ -124,6 +135,8 @@ class LedgerMachine(RuleBasedStateMachine):
         for rid in want_res:
             self.drop_reservation(rid)
         report = self.led.expire(self.now)
+        if report.sessions or report.reservations:
+            event("expire() dropped something")
         assert set(report.sessions) == want_sessions and len(report.sessions) == len(want_sessions)
         assert set(report.reservations) == want_res
 
@@ -166,6 +179,8 @@ class LedgerMachine(RuleBasedStateMachine):
             expected += 1
         r = self.led.match(sid, keys, lease=lease, now=self.now)
         assert r.matched == expected
+        if expected and lease:
+            event("match: leased a prefix")
         assert r.tiers == [HOST] * expected
         if lease and expected:
             assert r.lease_id is not None and r.lease_id not in self.leases
@@ -196,8 +211,8 @@ class LedgerMachine(RuleBasedStateMachine):
                 if still[(n, k)] == 0:
                     self.committed[n].discard(k)
 
-    @rule(data=st.data())
-    def reserve(self, data):
+    @rule(data=st.data(), then_commit=st.booleans())
+    def reserve(self, data, then_commit):
         sid = self.any_sid(data)
         keys = data.draw(st.lists(st.sampled_from(KEYS), min_size=1, max_size=4, unique=True),
                          label="keys")
@@ -225,6 +240,7 @@ class LedgerMachine(RuleBasedStateMachine):
         needed = PPB[n] * len(new)
         tier = self.led.top
         if new and needed > room:
+            event("reserve: resource exhausted")
             before = (self.present(), tier.free_pages, tier.evictable_pages, dict(tier.evictions))
             with pytest.raises(ResourceExhausted):
                 self.led.reserve(sid, keys, self.now)
@@ -253,26 +269,36 @@ class LedgerMachine(RuleBasedStateMachine):
         if evicted:
             last = candidates[len(evicted) - 1]
             assert free_before + freed - PPB[last[0]] < needed, "evicted more than needed"
+        if evicted:
+            event("reserve: evicted" + (" around PRESENT keys" if protected else ""))
         for m, k in evicted:
             self.committed[m].discard(k)
         self.pending[n] |= set(new)
         self.res[r.reservation_id] = (sid, n, tuple(new), self.now + RES_TIMEOUT)
+        if then_commit:
+            self.close_reservation(r.reservation_id, sid, commit=True)
 
-    def _close_reservation(self, data, foreign, commit: bool, checksums: bool = False):
+    def pick_reservation(self, data, foreign) -> tuple[int, str]:
         rid = data.draw(st.sampled_from(sorted(self.res) + sorted(self.old_res)), label="rid")
         owner = self.res[rid][0] if rid in self.res else self.old_res[rid]
-        sid = self.any_sid(data) if foreign else owner
+        return rid, self.any_sid(data) if foreign else owner
+
+    def close_reservation(self, rid: int, sid: str, commit: bool, checksums: bool = False):
         err = self.gate(sid)
         if err is None:
             if rid not in self.res or self.res[rid][0] != sid:
                 err = FailedPrecondition
             elif self.res[rid][3] < self.now:
+                event("reservation timed out, dropped by its commit/abort")
                 self.drop_reservation(rid)       # timed out, swept by this call
                 err = FailedPrecondition
-        call = (lambda: self.led.commit(sid, rid, self.now, checksum_algo=1,
-                                        checksums=list(range(len(r.entries))) if checksums else ())) \
-            if commit else (lambda: self.led.abort(sid, rid, self.now))
         r = self.led.reservations.get(rid)
+        sums = list(range(len(r.entries))) if checksums and r is not None else ()
+        if commit:
+            call = lambda: self.led.commit(sid, rid, self.now, checksum_algo=1,  # noqa: E731
+                                           checksums=sums)
+        else:
+            call = lambda: self.led.abort(sid, rid, self.now)  # noqa: E731
         if err:
             with pytest.raises(err):
                 call()
@@ -289,12 +315,14 @@ class LedgerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.res or self.old_res)
     @rule(data=st.data(), foreign=st.booleans(), checksums=st.booleans())
     def commit(self, data, foreign, checksums):
-        self._close_reservation(data, foreign, True, checksums)
+        rid, sid = self.pick_reservation(data, foreign)
+        self.close_reservation(rid, sid, True, checksums)
 
     @precondition(lambda self: self.res or self.old_res)
     @rule(data=st.data(), foreign=st.booleans())
     def abort(self, data, foreign):
-        self._close_reservation(data, foreign, False)
+        rid, sid = self.pick_reservation(data, foreign)
+        self.close_reservation(rid, sid, False)
 
     @rule()
     def reclaim_unpinned(self):

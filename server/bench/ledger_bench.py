@@ -1,0 +1,273 @@
+"""Ledger benchmark: pure Python, no server, no I/O.
+
+For each population N (10k, 100k, 1M resident blocks; 10k and 100k with --quick)
+one ledger is built with a single tier whose page equals the block size
+(4096 B) and whose capacity is exactly N blocks, then filled through the
+public API (reserve + commit, 4096 keys per call, one session with a huge
+lease TTL). Then:
+
+* match: `Ledger.match` of a 256-key chain (all present, no lease), at random
+  positions, per block. Baseline: the least work any match must do, a loop
+  of `dict.get` over the same number of fresh keys on the ledger's own
+  namespace dict (same size, same memory layout). Keys are fresh bytes objects
+  for both (as they come off the wire), so both pay for hashing.
+* evict: with the tier full of unreferenced blocks, a `reserve` of 4096 new
+  keys must evict 4096 blocks first; its cost per block is the result.
+  Baseline: the same reserve when the pages are free (the evicting
+  reservation is aborted, which frees exactly those pages, and 4096 other new
+  keys are reserved), at the same N. The difference is the eviction itself.
+* evict flatness: evict cost per block at the largest N over the smallest.
+  An O(1) eviction keeps this near 1 (cache misses grow a little with N);
+  an O(log N) one would be about 1.5 from 10k to 1M, an O(N) one ~100.
+* memory: tracemalloc delta from before the ledger is built to after the
+  largest fill, per block (1M, or 100k with --quick). Everything the ledger
+  holds counts: keys, Block records, the namespace dict, page numbers, the
+  policy's links. Baseline, documented: a bare `dict` mapping the same number
+  of fresh 32-byte `bytes` keys to None, measured the same way (one key object
+  plus one dict slot per block: the floor for any keyed index in Python).
+
+The cyclic GC is paused during fills (only to save time) and the filled ledger
+is moved to the permanent generation (`gc.freeze`) before timing, so a full
+collection over a million objects cannot land inside one measurement.
+"""
+from __future__ import annotations
+
+import gc
+import random
+import time
+import tracemalloc
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from ..ids import HOST
+from ..ledger import Ledger, LedgerConfig, NamespaceDescriptor, TierSpec
+from .result import Result
+
+BLOCK_BYTES = 4096
+CHAIN = 256
+BATCH = 4096
+KEY_BYTES = 32
+
+
+@dataclass(frozen=True)
+class Scale:
+    sizes: tuple[int, ...]
+    memory_blocks: int      # the size whose fill is traced (must be in sizes)
+    chains: int             # match measurements per size
+    evict_reps: int         # evicting reserves per size
+    batch: int = BATCH
+
+    @classmethod
+    def for_mode(cls, quick: bool) -> "Scale":
+        if quick:
+            return cls(sizes=(10_000, 100_000), memory_blocks=100_000, chains=150, evict_reps=3)
+        return cls(sizes=(10_000, 100_000, 1_000_000), memory_blocks=1_000_000, chains=1500,
+                   evict_reps=7)
+
+
+def _key(i: int) -> bytes:
+    return i.to_bytes(KEY_BYTES, "little")
+
+
+def _keys(start: int, n: int) -> list[bytes]:
+    return [i.to_bytes(KEY_BYTES, "little") for i in range(start, start + n)]
+
+
+class _Clock:
+    """A monotonic `now` for the ledger (it never reads a clock itself)."""
+
+    def __init__(self) -> None:
+        self.t = 1.0
+
+    def __call__(self) -> float:
+        self.t += 1e-3
+        return self.t
+
+
+def _build(n: int, batch: int, clock: _Clock) -> tuple[Ledger, str]:
+    ledger = Ledger(LedgerConfig(
+        tiers=[TierSpec(HOST, n * BLOCK_BYTES, BLOCK_BYTES)], policy="lru",
+        key_bytes=KEY_BYTES, max_keys_per_call=max(batch, CHAIN),
+        lease_ttl_s=1e12, reservation_timeout_s=1e12))
+    session = ledger.register_session(
+        "bench", NamespaceDescriptor(model_id="bench", block_tokens=16, block_bytes=BLOCK_BYTES),
+        clock())
+    sid = session.id
+    for start in range(0, n, batch):
+        keys = _keys(start, min(batch, n - start))
+        now = clock()
+        res = ledger.reserve(sid, keys, now)
+        ledger.commit(sid, res.reservation_id, now)
+    return ledger, sid
+
+
+def _dict_walk(d: dict, keys: list[bytes]) -> int:
+    get = d.get
+    n = 0
+    for k in keys:
+        if get(k) is None:
+            break
+        n += 1
+    return n
+
+
+def _measure_match(ledger: Ledger, sid: str, n: int, chains: int, clock: _Clock,
+                   rng: random.Random) -> tuple[float, float]:
+    """(ledger ns per block, dict.get ns per block), interleaved chain by chain."""
+    ns_dict = ledger.sessions[sid].ns.blocks   # type: ignore[index]
+    t_ledger = t_dict = 0.0
+    perf = time.perf_counter
+    match = ledger.match
+    for _ in range(chains):
+        start = rng.randrange(0, n - CHAIN + 1)
+        a = _keys(start, CHAIN)
+        b = _keys(start, CHAIN)
+        now = clock()
+        t0 = perf()
+        r = match(sid, a, lease=False, now=now)
+        t1 = perf()
+        got = _dict_walk(ns_dict, b)
+        t2 = perf()
+        if r.matched != CHAIN or got != CHAIN:
+            raise RuntimeError(f"bench setup: matched {r.matched}/{got} of {CHAIN}")
+        t_ledger += t1 - t0
+        t_dict += t2 - t1
+    blocks = chains * CHAIN
+    return t_ledger / blocks * 1e9, t_dict / blocks * 1e9
+
+
+def _measure_evict(ledger: Ledger, sid: str, n: int, reps: int, batch: int, next_key: int,
+                   clock: _Clock) -> tuple[float, float, int]:
+    """(evicting reserve ns/block, reserve into free pages ns/block, next unused key)."""
+    k = min(batch, max(1, n // 2))
+    tier = ledger.top
+    evicting: list[float] = []
+    plain: list[float] = []
+    perf = time.perf_counter
+    for _ in range(reps):
+        if tier.free_pages != 0 or tier.evictable_pages != n:
+            raise RuntimeError("bench setup: the tier is not full of unreferenced blocks")
+        a = _keys(next_key, k)
+        b = _keys(next_key + k, k)
+        next_key += 2 * k
+        ev0 = sum(tier.evictions.values())
+        now = clock()
+        t0 = perf()
+        res = ledger.reserve(sid, a, now)
+        t1 = perf()
+        if sum(tier.evictions.values()) - ev0 != k:
+            raise RuntimeError("bench setup: the reserve did not evict one block per key")
+        ledger.abort(sid, res.reservation_id, now)   # frees exactly k pages
+        now = clock()
+        t2 = perf()
+        res = ledger.reserve(sid, b, now)
+        t3 = perf()
+        ledger.commit(sid, res.reservation_id, now)
+        evicting.append((t1 - t0) / k * 1e9)
+        plain.append((t3 - t2) / k * 1e9)
+    evicting.sort()
+    plain.sort()
+    return evicting[len(evicting) // 2], plain[len(plain) // 2], next_key
+
+
+def _dict_baseline_bytes(n: int) -> float:
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        d: dict[bytes, None] = {}
+        for start in range(0, n, BATCH):
+            for k in _keys(start, min(BATCH, n - start)):
+                d[k] = None
+        gc.collect()
+        used = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    del d
+    return used / n
+
+
+def run(quick: bool = False, *, scale: Optional[Scale] = None,
+        log: Callable[[str], None] = lambda s: None, seed: int = 1) -> list[Result]:
+    scale = scale or Scale.for_mode(quick)
+    if scale.memory_blocks not in scale.sizes:
+        raise ValueError("memory_blocks must be one of sizes")
+    rng = random.Random(seed)
+    results: list[Result] = []
+    evict_by_size: dict[int, float] = {}
+    mem_per_block = 0.0
+    gc_was_enabled = gc.isenabled()
+    for n in scale.sizes:
+        clock = _Clock()
+        traced = n == scale.memory_blocks
+        log(f"ledger: filling {n} blocks{' (traced by tracemalloc)' if traced else ''}")
+        gc.collect()
+        gc.disable()
+        t_fill = time.perf_counter()
+        try:
+            if traced:
+                tracemalloc.start()
+                base = tracemalloc.get_traced_memory()[0]
+                ledger, sid = _build(n, scale.batch, clock)
+                gc.collect()
+                used = tracemalloc.get_traced_memory()[0] - base
+                tracemalloc.stop()
+                mem_per_block = used / n
+            else:
+                ledger, sid = _build(n, scale.batch, clock)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        t_fill = time.perf_counter() - t_fill
+        gc.collect()
+        gc.freeze()
+        try:
+            log(f"ledger: {n} blocks filled in {t_fill:.1f}s; timing match and evict")
+            m_ledger, m_dict = _measure_match(ledger, sid, n, scale.chains, clock, rng)
+            ev, plain, _ = _measure_evict(ledger, sid, n, scale.evict_reps, scale.batch, n, clock)
+            if n <= 100_000:
+                ledger.check_invariants()
+        finally:
+            del ledger
+            gc.unfreeze()
+            gc.collect()
+        evict_by_size[n] = ev
+        label = _size_label(n)
+        results.append(Result(
+            name=f"ledger.match_ns_per_block.{label}", value=m_ledger, unit="ns/block",
+            baseline_name="dict.get loop over the same keys", baseline_value=m_dict,
+            better="lower", params={"resident_blocks": n, "chain": CHAIN, "chains": scale.chains,
+                                    "lease": False},
+            note="Ledger.match of a 256-key chain; the ratio is the ledger's overhead over a bare lookup"))
+        results.append(Result(
+            name=f"ledger.evict_ns_per_block.{label}", value=ev, unit="ns/block",
+            baseline_name="the same reserve into free pages (no eviction)", baseline_value=plain,
+            better="lower", params={"resident_blocks": n, "keys_per_reserve": min(scale.batch, n // 2),
+                                    "reps": scale.evict_reps, "policy": "lru"},
+            note="reserve that evicts one unreferenced block per new key, per block (median of reps)"))
+    lo, hi = min(scale.sizes), max(scale.sizes)
+    results.append(Result(
+        name=f"ledger.evict_flatness.{_size_label(hi)}_vs_{_size_label(lo)}",
+        value=evict_by_size[hi], unit="ns/block",
+        baseline_name=f"evict ns/block at {_size_label(lo)} resident", baseline_value=evict_by_size[lo],
+        better="lower", target="<= 1.5", target_of="ratio",
+        params={"sizes": list(scale.sizes)},
+        note="eviction must cost the same per block whatever the population (O(1))"))
+    log(f"ledger: dict baseline for memory at {scale.memory_blocks} keys")
+    dict_bytes = _dict_baseline_bytes(scale.memory_blocks)
+    results.append(Result(
+        name=f"ledger.memory_bytes_per_block.{_size_label(scale.memory_blocks)}",
+        value=mem_per_block, unit="B/block",
+        baseline_name="dict of 32-byte bytes keys -> None (key object + dict slot)",
+        baseline_value=dict_bytes, better="lower", target="<= 300", target_of="value",
+        params={"resident_blocks": scale.memory_blocks, "method": "tracemalloc delta / blocks"},
+        note="everything the ledger holds per resident block, keys included"))
+    return results
+
+
+def _size_label(n: int) -> str:
+    if n % 1_000_000 == 0:
+        return f"{n // 1_000_000}M"
+    if n % 1000 == 0:
+        return f"{n // 1000}k"
+    return str(n)

@@ -1,0 +1,143 @@
+"""The client library against a real daemon: both data paths, checksums, leases."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvkeeper.client import AsyncClient, ChecksumError, FailedPreconditionError
+from kvkeeper.v1 import kvkeeper_pb2 as pb
+
+BLOCK = 3 * 4096 + 100
+
+
+def ns(**kw: Any) -> dict:
+    d = dict(model_id="tiny", dtype="float16", kv_layout="NHD", block_tokens=32, block_bytes=BLOCK)
+    d.update(kw)
+    return d
+
+
+def keys(n: int, salt: int = 0) -> list[bytes]:
+    return [(salt * 1000 + i).to_bytes(4, "little") * 8 for i in range(n)]
+
+
+def blocks(n: int, seed: int = 0) -> list[bytes]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, BLOCK, dtype=np.uint8).tobytes() for _ in range(n)]
+
+
+@pytest.mark.parametrize("writer,reader", [("shm", "shm"), ("stream", "stream"), ("shm", "stream"),
+                                           ("stream", "shm")])
+async def test_save_then_load_across_transports(daemon: Any, writer: str, reader: str) -> None:
+    url = f"unix://{daemon.socket_path}"
+    w = await AsyncClient.connect(url, ns(), transport=writer)
+    r = await AsyncClient.connect(url, ns(), transport=reader)
+    try:
+        assert w.transport == writer and r.transport == reader
+        ks, bs = keys(4), blocks(4)
+        saved = await w.save(ks, bs)
+        assert saved.committed == 4
+        again = await w.save(ks, bs)
+        assert again.present == 4 and again.committed == 0
+        m = await r.match(ks + keys(2, salt=9), lease=True)
+        assert m.matched == 4 and m.lease_id
+        assert all(t == pb.TIER_HOST for t in m.tiers)
+        assert await r.load(m.lease_id) == bs
+        outs = [bytearray(BLOCK) for _ in range(4)]
+        await r.load_into(m.lease_id, outs)
+        assert [bytes(o) for o in outs] == bs
+        await r.release(m.lease_id)
+        daemon.ledger.check_invariants()
+    finally:
+        await w.close()
+        await r.close()
+
+
+async def test_tcp_client_streams(daemon: Any) -> None:
+    c = await AsyncClient.connect(f"127.0.0.1:{daemon.port}", ns())
+    try:
+        # Over TCP the arena is still mappable on this host: auto prefers shm.
+        assert c.transport == "shm"
+        await c.save(keys(2), blocks(2))
+    finally:
+        await c.close()
+
+
+async def test_namespaces_are_isolated(daemon: Any) -> None:
+    url = f"unix://{daemon.socket_path}"
+    a = await AsyncClient.connect(url, ns())
+    b = await AsyncClient.connect(url, ns(cache_salt="tenant-b"))
+    try:
+        await a.save(keys(3), blocks(3))
+        assert (await b.match(keys(3))).matched == 0
+        assert (await a.match(keys(3))).matched == 3
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_corrupted_block_is_reported_not_served(daemon: Any) -> None:
+    url = f"unix://{daemon.socket_path}"
+    c = await AsyncClient.connect(url, ns(), checksum="crc32")
+    try:
+        ks, bs = keys(3), blocks(3)
+        await c.save(ks, bs)
+        blk = daemon.ledger.block(c.namespace_id, ks[1])
+        off, _ = daemon.arena.extents(blk.pages, blk.ns.pages_per_block, BLOCK)[0]
+        with open(daemon.arena.path, "r+b") as f:
+            f.seek(off + 17)
+            byte = f.read(1)
+            f.seek(off + 17)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        m = await c.match(ks, lease=True)
+        with pytest.raises(ChecksumError) as info:
+            await c.load(m.lease_id)
+        assert info.value.bad_indices == [1]
+        await c.release(m.lease_id, discard_indices=info.value.bad_indices)
+        # The bad block was dropped; the chain now breaks at it.
+        assert (await c.match(ks)).matched == 1
+        assert daemon.ledger.block(c.namespace_id, ks[2]) is not None
+        daemon.ledger.check_invariants()
+    finally:
+        await c.close()
+
+
+async def test_closed_session_releases_its_leases(daemon: Any) -> None:
+    url = f"unix://{daemon.socket_path}"
+    c = await AsyncClient.connect(url, ns())
+    await c.save(keys(2), blocks(2))
+    m = await c.match(keys(2), lease=True)
+    assert daemon.ledger.top.evictable_pages == 0
+    await c.close()
+    assert not daemon.ledger.leases
+    assert daemon.ledger.top.evictable_pages == daemon.ledger.top.used_pages
+    daemon.ledger.check_invariants()
+    assert m.lease_id
+
+
+async def test_double_release_is_an_error(daemon: Any) -> None:
+    c = await AsyncClient.connect(f"unix://{daemon.socket_path}", ns())
+    try:
+        await c.save(keys(1), blocks(1))
+        m = await c.match(keys(1), lease=True)
+        await c.release(m.lease_id)
+        with pytest.raises(FailedPreconditionError):
+            await c.release(m.lease_id)
+        assert daemon.ledger.block(c.namespace_id, keys(1)[0]).refs == 0
+    finally:
+        await c.close()
+
+
+async def test_metrics_follow_traffic(daemon: Any) -> None:
+    c = await AsyncClient.connect(f"unix://{daemon.socket_path}", ns())
+    try:
+        await c.save(keys(2), blocks(2))
+        await c.match(keys(3))
+        text = daemon.metrics.render().decode()
+        assert 'kvkeeper_hit_blocks_total{tier="host"} 2.0' in text
+        assert 'kvkeeper_rpc_duration_seconds_count{method="Match"} 1.0' in text
+    finally:
+        await c.close()
+    assert os.path.exists(daemon.arena.path)
