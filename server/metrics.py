@@ -294,8 +294,12 @@ class Metrics:
             child = self._rpc_err[(method, name)] = self.rpc_errors.labels(method=method, code=name)
         child.inc()
 
-    def observe_transfer(self, direction: str, transport: str, nbytes: int, seconds: float) -> None:
-        """One save or load of blocks: `direction` "save"|"load", `transport` "shm"|"stream"."""
+    def observe_transfer(self, direction: str, transport: str, nbytes: int,
+                         seconds: Optional[float]) -> None:
+        """One save or load of blocks: `direction` "save"|"load", `transport` "shm"|"stream".
+
+        `seconds` is None when the daemon cannot see the copy (a same-host
+        client reading the arena): the bytes count, no duration is invented."""
         pair = self._xfer.get((direction, transport))
         if pair is None:
             _check(direction, DIRECTIONS, "transfer direction")
@@ -304,7 +308,8 @@ class Metrics:
         if nbytes < 0:
             raise ValueError(f"negative transfer size {nbytes}")
         counter.inc(nbytes)
-        hist.observe(max(0.0, seconds))
+        if seconds is not None:
+            hist.observe(max(0.0, seconds))
 
     # ------------------------------------------------------------ exposition
     def render(self) -> bytes:

@@ -133,7 +133,7 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             refs.append(pb.BlockRef(key=b.key, extents=extents_to_pb(self._extents(b)),
                                     checksum_algo=algo, checksum=value))
             nbytes += b.ns.block_bytes
-        self.metrics.observe_transfer("load", "shm", nbytes, 0.0)
+        self.metrics.observe_transfer("load", "shm", nbytes, None)
         return pb.LoadResponse(blocks=refs)
 
     @_observed_stream
@@ -202,11 +202,13 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         res = self.ledger.reservation(sid, request.reservation_id, now)
         shm = res.written is None
         nbytes = sum(b.ns.block_bytes for b in res.blocks)
+        # Reserve to commit is what a same-host save costs, the client's copy included.
+        reserved_at = res.expires_at - self.ledger.config.reservation_timeout_s
         committed = self.ledger.commit(sid, request.reservation_id, now,
                                        checksum_algo=request.checksum_algo,
                                        checksums=request.checksums)
         if shm:
-            self.metrics.observe_transfer("save", "shm", nbytes, 0.0)
+            self.metrics.observe_transfer("save", "shm", nbytes, now - reserved_at)
         return pb.CommitSaveResponse(committed=committed)
 
     @_observed

@@ -1,0 +1,91 @@
+"""`kvkeeper bench`: the ledger, control-plane and data-plane benchmarks.
+
+    kvkeeper bench {ledger,control,data,all} [--json] [--quick] [--out FILE]
+
+Every result carries its baseline, measured again in the same run side by
+side (see result.py for the JSON shape). --json prints the results as one
+JSON list on stdout; otherwise a table. --out FILE also writes the JSON list
+to FILE. --quick shrinks every size and count (a smoke run, ~30 s; its
+figures are noisier). Progress goes to stderr.
+
+Exit status: 0 when the benchmarks ran (whether or not targets were met:
+see each result's meets_target), 1 when one could not run, 2 for usage errors.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Callable, Optional, Sequence
+
+from .result import Result, render_table, to_json
+
+BENCHES = ("ledger", "control", "data")
+
+
+def _runner(name: str) -> Callable[..., list[Result]]:
+    if name == "ledger":
+        from .ledger_bench import run
+    elif name == "control":
+        from .control_bench import run
+    elif name == "data":
+        from .data_bench import run
+    else:  # pragma: no cover - argparse checks the choice
+        raise ValueError(name)
+    return run
+
+
+def run_benches(names: Sequence[str], quick: bool,
+                log: Callable[[str], None] = lambda s: None) -> list[Result]:
+    results: list[Result] = []
+    for name in names:
+        t0 = time.perf_counter()
+        results += _runner(name)(quick=quick, log=log)
+        log(f"{name}: done in {time.perf_counter() - t0:.1f}s")
+    return results
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kvkeeper bench",
+        description="Benchmarks of kvkeeper, each against a baseline measured in the same run.")
+    p.add_argument("which", choices=(*BENCHES, "all"), help="which benchmark to run")
+    p.add_argument("--json", action="store_true", help="print the results as a JSON list")
+    p.add_argument("--quick", action="store_true",
+                   help="small sizes and counts: a smoke run, not a measurement")
+    p.add_argument("--out", metavar="FILE", help="also write the JSON list to FILE")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    names = BENCHES if args.which == "all" else (args.which,)
+
+    def log(msg: str) -> None:
+        if not args.quiet:
+            print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+    try:
+        results = run_benches(names, args.quick, log)
+    except KeyboardInterrupt:
+        print("kvkeeper bench: interrupted", file=sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001 - report, do not dump a trace on the user
+        import traceback
+        traceback.print_exc()
+        print(f"kvkeeper bench: {args.which} failed: {e}", file=sys.stderr)
+        return 1
+    text = to_json(results)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text + "\n")
+    print(text if args.json else render_table(results))
+    return 0
+
+
+__all__ = ["BENCHES", "Result", "build_parser", "main", "run_benches"]

@@ -16,7 +16,10 @@ service `kvkbench.Raw`:
     Source  server stream  request "<QQQ" (total, block_bytes, chunk_bytes) ->
                            total/block_bytes blocks, each as chunks of at most
                            chunk_bytes, each chunk one copy out of a
-                           preallocated buffer of `total` bytes (as serving stored bytes requires)
+                           preallocated buffer (as serving stored bytes requires)
+
+The buffers are --buffer-bytes long (the bytes one measurement moves), so
+like the daemon's arena they do not fit in a CPU cache.
 
 Both use uvloop when installed (as the daemon's `run` does) and the daemon's
 message size limits. Each prints "READY" on stdout once it accepts calls and
@@ -31,7 +34,6 @@ import os
 import signal
 import struct
 import sys
-import threading
 from typing import Any, AsyncIterator, Optional
 
 import grpc
@@ -46,17 +48,11 @@ RAW_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 
 
 class _Buffers:
-    """Preallocated, pre-touched buffers, grown on demand."""
+    """Preallocated buffers, every page touched at start-up (bytearray zero-fills)."""
 
-    def __init__(self) -> None:
-        self.sink = bytearray()
-        self.source = bytearray()
-
-    @staticmethod
-    def _grow(buf: bytearray, n: int) -> bytearray:
-        if len(buf) < n:
-            buf = bytearray(n)       # zero-filled: every page touched
-        return buf
+    def __init__(self, nbytes: int) -> None:
+        self.sink = memoryview(bytearray(nbytes))
+        self.source = memoryview(bytearray(nbytes))
 
 
 def raw_handler(bufs: _Buffers) -> grpc.GenericRpcHandler:
@@ -64,25 +60,29 @@ def raw_handler(bufs: _Buffers) -> grpc.GenericRpcHandler:
         return U64.pack(len(request))
 
     async def sink(request_iterator: AsyncIterator[bytes], context: Any) -> bytes:
-        total = 0
-        mv: Optional[memoryview] = None
+        mv = bufs.sink
+        size = len(mv)
+        total = pos = 0
         async for chunk in request_iterator:
             n = len(chunk)
-            if mv is None or len(mv) < n:
-                bufs.sink = bufs._grow(bufs.sink, max(n, 64 << 20))
-                mv = memoryview(bufs.sink)
-            pos = total % (len(mv) - n + 1)
+            if pos + n > size:
+                pos = 0
             mv[pos:pos + n] = chunk
+            pos += n
             total += n
         return U64.pack(total)
 
     async def source(request: bytes, context: Any) -> AsyncIterator[bytes]:
         total, block, chunk = SOURCE_REQ.unpack(request)
-        bufs.source = bufs._grow(bufs.source, total)
-        mv = memoryview(bufs.source)
-        for start in range(0, total - block + 1, block):
+        mv = bufs.source
+        size = len(mv) - len(mv) % block
+        pos = 0
+        for _ in range(total // block):
+            if pos + block > size:
+                pos = 0
             for off in range(0, block, chunk):
-                yield bytes(mv[start + off:start + min(off + chunk, block)])
+                yield bytes(mv[pos + off:pos + min(off + chunk, block)])
+            pos += block
 
     return grpc.method_handlers_generic_handler(RAW_SERVICE, {
         "Echo": grpc.unary_unary_rpc_method_handler(echo),
@@ -92,15 +92,24 @@ def raw_handler(bufs: _Buffers) -> grpc.GenericRpcHandler:
 
 
 def _watch_stdin(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
-    def wait() -> None:
-        try:
-            while sys.stdin.buffer.read(4096):
-                pass
-        except (OSError, ValueError):
-            pass
-        loop.call_soon_threadsafe(stop.set)
+    """Set `stop` when stdin reaches EOF (the parent closed the pipe or died)."""
+    fd = sys.stdin.fileno()
 
-    threading.Thread(target=wait, name="stdin-watch", daemon=True).start()
+    def readable() -> None:
+        try:
+            data = os.read(fd, 4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            loop.remove_reader(fd)
+            stop.set()
+
+    try:
+        loop.add_reader(fd, readable)
+    except (OSError, ValueError, NotImplementedError):
+        pass  # stdin is not a pipe (run by hand): SIGTERM/SIGINT only
 
 
 def _stop_event() -> asyncio.Event:
@@ -117,10 +126,10 @@ def _ready() -> None:
     sys.stdout.flush()
 
 
-async def serve_raw(socket_path: str) -> None:
+async def serve_raw(socket_path: str, buffer_bytes: int) -> None:
     stop = _stop_event()
     server = grpc.aio.server(options=RAW_OPTIONS)
-    server.add_generic_rpc_handlers((raw_handler(_Buffers()),))
+    server.add_generic_rpc_handlers((raw_handler(_Buffers(buffer_bytes)),))
     if os.path.lexists(socket_path):
         os.unlink(socket_path)
     server.add_insecure_port(f"unix:{socket_path}")
@@ -153,6 +162,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     sub = p.add_subparsers(dest="kind", required=True)
     raw = sub.add_parser("raw")
     raw.add_argument("--socket", required=True)
+    raw.add_argument("--buffer-bytes", type=int, default=64 << 20,
+                     help="size of the Sink and Source buffers (the bytes a run moves)")
     kvk = sub.add_parser("kvkeeper")
     kvk.add_argument("--socket", required=True)
     kvk.add_argument("--capacity", type=int, required=True)
@@ -161,15 +172,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.kind == "raw":
-        coro = serve_raw(args.socket)
+        coro = serve_raw(args.socket, args.buffer_bytes)
     else:
         coro = serve_kvkeeper(args.socket, args.capacity, args.page_bytes, args.name)
+    run_async(coro)
+    return 0
+
+
+def run_async(coro: Any) -> Any:
+    """uvloop.run when uvloop is installed, asyncio.run otherwise."""
     try:
         import uvloop
-        uvloop.run(coro)
     except ImportError:
-        asyncio.run(coro)
-    return 0
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 if __name__ == "__main__":

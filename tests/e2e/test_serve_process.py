@@ -29,6 +29,8 @@ def free_port() -> int:
 
 def port_free(port: int) -> bool:
     with socket.socket() as s:
+        # As the daemon binds: a port in TIME_WAIT from an earlier run is free.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -47,8 +49,8 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 20.0) -> None:
     time.sleep(0.2)
 
 
-def stop(proc: subprocess.Popen) -> str:
-    if proc.poll() is None:
+def stop(proc: subprocess.Popen, *, signalled: bool = False) -> str:
+    if not signalled and proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
     try:
         _, err = proc.communicate(timeout=20)
@@ -92,6 +94,7 @@ def test_config_error_exits_nonzero(tmp_path: Path) -> None:
 
 def test_sigterm_drains_in_flight_rpcs(tmp_path: Path) -> None:
     sock = tmp_path / "k.sock"
+    signalled = False
     proc = subprocess.Popen(
         KVKEEPER + ["serve", "--socket", str(sock), "--tcp", "", "--metrics", "",
                     "--capacity", "80MiB", "--page-size", "1MiB", "--set", "server.grace_seconds=10"],
@@ -119,6 +122,7 @@ def test_sigterm_drains_in_flight_rpcs(tmp_path: Path) -> None:
             first = next(stream)
             assert first.index == 0
             proc.send_signal(signal.SIGTERM)
+            signalled = True
             time.sleep(0.5)
             # New calls are refused while the stream in flight completes.
             with pytest.raises(grpc.RpcError) as refused:
@@ -130,7 +134,7 @@ def test_sigterm_drains_in_flight_rpcs(tmp_path: Path) -> None:
             assert all(c.data == bytes([c.index]) * len(c.data) for c in got)
             assert sum(len(c.data) for c in got) == 48 << 20
     finally:
-        err = stop(proc)
+        err = stop(proc, signalled=signalled)
     assert proc.returncode == 0, err
     assert "draining" in err
     assert not sock.exists()
