@@ -7,36 +7,14 @@ zlib, so it is the default; XXH3-64 is used only where `xxhash` is installed.
 """
 from __future__ import annotations
 
+from .arena_format import byte_view  # re-exported: callers take views from here
+
 import zlib
 from typing import Any, Callable, Dict
 
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 __all__ = ["ALGOS", "byte_view", "crc32", "checksum", "can_verify"]
-
-
-def byte_view(buf: Any, writable: bool = False) -> memoryview:
-    """A flat unsigned-byte memoryview of a C-contiguous buffer (no copy).
-
-    Raises ValueError for non-buffers, non-contiguous buffers, or a read-only
-    buffer where `writable` is asked.
-    """
-    try:
-        mv = buf if isinstance(buf, memoryview) else memoryview(buf)
-    except TypeError:
-        raise ValueError(f"expected a bytes-like buffer, got {type(buf).__name__}") from None
-    if writable and mv.readonly:
-        raise ValueError("the destination buffer is read-only")
-    if mv.format == "B" and mv.ndim == 1 and mv.c_contiguous:
-        return mv
-    if not mv.c_contiguous:
-        raise ValueError("the buffer must be C-contiguous")
-    try:
-        return mv.cast("B")
-    except TypeError:  # a format cast() refuses, e.g. '>f': numpy reinterprets it
-        import numpy as np
-
-        return memoryview(np.frombuffer(mv, dtype=np.uint8))
 
 
 def crc32(buf: Any) -> int:

@@ -25,122 +25,18 @@ import ctypes
 import mmap
 import os
 import struct
-from operator import index as _index
 from typing import Any, Iterable, Optional, Sequence
 
-import numpy as np
 
-MAGIC = b"KVKARENA"
-ARENA_ID_BYTES = 16
-HEADER_BYTES = 4096
-FORMAT_VERSION = 1
-_HEADER = struct.Struct("<8s16sQQQQ")
-
-Extent = tuple[int, int]
-
-
-def _extents_in(extents: Iterable[Any], lo: int, hi: int) -> tuple[list[Extent], int]:
-    """Normalize extents, (offset, length) tuples or objects with .offset/.length
-    (protobuf Extent), check that each lies in [lo, hi), and add up their lengths."""
-    out: list[Extent] = []
-    total = 0
-    for e in extents:
-        if isinstance(e, (tuple, list)):
-            off, length = e
-        else:
-            off, length = e.offset, e.length
-        off, length = _index(off), _index(length)
-        if length < 0 or off < lo or off + length > hi:
-            raise ValueError(f"extent ({off}, {length}) is outside the arena's data region [{lo}, {hi})")
-        out.append((off, length))
-        total += length
-    return out, total
-
-
-def _byte_view(obj: Any, writable: bool) -> memoryview:
-    """A flat unsigned-byte view of any C-contiguous buffer, without copying."""
-    try:
-        mv = memoryview(obj)
-    except TypeError:
-        raise ValueError(f"expected a bytes-like buffer, got {type(obj).__name__}") from None
-    if writable and mv.readonly:
-        raise ValueError("the destination buffer is read-only")
-    if not mv.c_contiguous:
-        raise ValueError("the buffer must be C-contiguous")
-    if mv.format == "B" and mv.ndim == 1:
-        return mv
-    try:
-        return mv.cast("B")
-    except TypeError:
-        # A format memoryview.cast refuses (e.g. '>f' or a struct): numpy
-        # reinterprets any contiguous buffer as bytes.
-        return memoryview(np.frombuffer(mv, dtype=np.uint8))
-
-
-# glibc's memmove copies mid-sized runs (from ~2 KiB up to a stop threshold,
-# the L2 size on AMD in glibc 2.33-2.38) with `rep movsb`, which on AMD Zen
-# crawls at ~2 GB/s instead of ~30 when the destination lies 1..31 bytes past
-# the source modulo 4 KiB (page aliasing; glibc bug 30994). Arena pages are
-# page-aligned and a large numpy array or bytearray starts 16 bytes into its
-# page, so reading a 256 KiB extent into one hits exactly that. For those
-# distances and sizes the copy runs as a numpy ufunc loop instead: still one
-# pass with no intermediate buffer, ~20 GB/s. Elsewhere memmove is faster.
-_ALIAS_WINDOW = 64
-_ALIAS_MIN_BYTES = 2048
-
-
-def _l2_cache_bytes() -> int:
-    base = "/sys/devices/system/cpu/cpu0/cache"
-    try:
-        for name in sorted(os.listdir(base)):
-            if not name.startswith("index"):
-                continue
-            with open(f"{base}/{name}/level") as f:
-                if f.read().strip() != "2":
-                    continue
-            with open(f"{base}/{name}/size") as f:
-                size = f.read().strip()
-            unit = {"K": 1 << 10, "M": 1 << 20}.get(size[-1:], 1)
-            value = int(size.rstrip("KM")) * unit
-            if value > 0:
-                return value
-    except (OSError, ValueError):
-        pass
-    return 1 << 62  # unknown: always avoid the slow case
-
-
-_ALIAS_MAX_BYTES = _l2_cache_bytes()
-
-
-_BYTES_DATA_OFFSET = bytes.__basicsize__ - 1  # CPython: where a bytes object's data starts
-
-
-def _address(mv: memoryview) -> int:
-    """Address of the first byte of a non-empty flat byte view. Only picks the
-    copy path in `_copy`, so a wrong answer costs speed, never correctness."""
-    if not mv.readonly:
-        return ctypes.addressof(ctypes.c_char.from_buffer(mv))
-    obj = mv.obj
-    if type(obj) is bytes and len(obj) == mv.nbytes:  # the common read-only case, cheaply
-        return id(obj) + _BYTES_DATA_OFFSET
-    return np.frombuffer(mv, dtype=np.uint8).ctypes.data
-
-
-def _copy(dst: memoryview, dst_addr: int, src: memoryview, src_addr: int) -> None:
-    """dst[:] = src for equal-sized flat byte views: one memmove, or one ufunc
-    pass where memmove would hit page aliasing (see above)."""
-    if (_ALIAS_MIN_BYTES <= src.nbytes < _ALIAS_MAX_BYTES
-            and 0 < (dst_addr - src_addr) % 4096 < _ALIAS_WINDOW):
-        np.positive(np.frombuffer(src, dtype=np.uint8), out=np.frombuffer(dst, dtype=np.uint8))
-    else:
-        dst[:] = src
+from .arena_format import (ARENA_ID_BYTES, FORMAT_VERSION, HEADER_BYTES, HEADER_STRUCT, MAGIC,
+                           Extent, address, byte_view, copy_bytes, extents_in)
 
 
 def _parse_header(buf: Any) -> Optional[tuple[bytes, int, int, int]]:
     """(arena_id, page_bytes, page_count, data_offset), or None if not a v1 arena."""
     try:
         magic, arena_id, page_bytes, page_count, data_offset, version = \
-            _HEADER.unpack_from(buf, 0)
+            HEADER_STRUCT.unpack_from(buf, 0)
     except struct.error:
         return None
     if magic != MAGIC or version != FORMAT_VERSION:
@@ -192,7 +88,7 @@ class ShmMapping:
             if st.st_size != size_bytes:
                 return None
             # Check the id before mapping, with the same fd so it is the same file.
-            head = _parse_header(os.pread(fd, _HEADER.size, 0))
+            head = _parse_header(os.pread(fd, HEADER_STRUCT.size, 0))
             if head is None or head[0] != arena_id:
                 return None
             mm = mmap.mmap(fd, size_bytes, flags=mmap.MAP_SHARED,
@@ -258,7 +154,7 @@ class ShmMapping:
             st = os.fstat(fd)
             if (st.st_dev, st.st_ino) != self._file_id or st.st_size != self._size:
                 return False
-            head = _parse_header(os.pread(fd, _HEADER.size, 0))
+            head = _parse_header(os.pread(fd, HEADER_STRUCT.size, 0))
         except OSError:
             return False
         finally:
@@ -271,21 +167,21 @@ class ShmMapping:
         mv = self._mv
         if mv is None:
             raise ValueError("shm mapping is closed")
-        ext, total = _extents_in(extents, self._data_offset, self._size)
+        ext, total = extents_in(extents, self._data_offset, self._size)
         return mv, ext, total
 
     def read_into(self, extents: Sequence[Any], out: Any) -> None:
         """Copy the block's bytes into `out`: any writable C-contiguous buffer
         (bytearray, numpy array, tensor.numpy()) of exactly sum(lengths) bytes."""
         mv, ext, total = self._check(extents)
-        dst = _byte_view(out, writable=True)
+        dst = byte_view(out, writable=True)
         if dst.nbytes != total:
             raise ValueError(f"out holds {dst.nbytes} bytes but the extents hold {total}")
         if total == 0:
             return
-        dst_addr, base, pos = _address(dst), self._base, 0
+        dst_addr, base, pos = address(dst), self._base, 0
         for off, length in ext:
-            _copy(dst[pos:pos + length], dst_addr + pos, mv[off:off + length], base + off)
+            copy_bytes(dst[pos:pos + length], dst_addr + pos, mv[off:off + length], base + off)
             pos += length
 
     def read(self, extents: Sequence[Any]) -> bytes:
@@ -300,14 +196,14 @@ class ShmMapping:
         """Copy `data`, any C-contiguous bytes-like object of exactly sum(lengths)
         bytes, into the block's extents."""
         mv, ext, total = self._check(extents)
-        src = _byte_view(data, writable=False)
+        src = byte_view(data, writable=False)
         if src.nbytes != total:
             raise ValueError(f"data holds {src.nbytes} bytes but the extents hold {total}")
         if total == 0:
             return
-        src_addr, base, pos = _address(src), self._base, 0
+        src_addr, base, pos = address(src), self._base, 0
         for off, length in ext:
-            _copy(mv[off:off + length], base + off, src[pos:pos + length], src_addr + pos)
+            copy_bytes(mv[off:off + length], base + off, src[pos:pos + length], src_addr + pos)
             pos += length
 
     def gather(self, extents: Sequence[Any]) -> list[memoryview]:

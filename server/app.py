@@ -26,7 +26,7 @@ from .api.servicer import KVKeeperServicer
 from .config import Config
 from .ledger import Ledger
 from .metrics import Metrics
-from .tiers.arena import HEADER_BYTES, Arena
+from .tiers.arena import Arena
 
 log = logging.getLogger("kvkeeper")
 

@@ -225,7 +225,7 @@ def _type_name(v: Any) -> str:
 def parse_size(value: Any) -> int:
     """Bytes from an int or a string like "64KiB", "1.5GiB", "1G" (binary units). ValueError."""
     if isinstance(value, bool):
-        raise ValueError(f"expected a size (bytes, or a string like \"512MiB\"), got a boolean")
+        raise ValueError("expected a size (bytes, or a string like \"512MiB\"), got a boolean")
     if isinstance(value, int):
         return value
     if isinstance(value, float):

@@ -13,7 +13,7 @@ from typing import Iterable, Optional, Sequence
 
 from ..errors import (FailedPrecondition, InvalidArgument, InvariantViolation, NotFound,
                       OutOfRange, ResourceExhausted)
-from ..ids import HOST, BlockKey, LeaseId, NamespaceId, ReservationId, SessionId, TierName
+from ..ids import BlockKey, LeaseId, NamespaceId, ReservationId, SessionId, TierName
 from .pages import iter_pages
 from .records import Block, Lease, Namespace, NamespaceDescriptor, Reservation, Session
 from .states import BlockState, Event, next_state

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 from ..errors import InvalidArgument
-from ..ids import BlockKey, LeaseId, NamespaceId, ReservationId, SessionId, TierName
+from ..ids import BlockKey, LeaseId, NamespaceId, ReservationId, SessionId
 from .pages import Pages
 from .states import BlockState
 

@@ -341,7 +341,7 @@ def test_copies_at_every_relative_alignment(arena, mapping, page_offset):
 
 def test_address_hint_matches_numpy():
     # The copy path choice relies on it; a wrong address would only cost speed.
-    from kvkeeper.client.shm import _address
+    from kvkeeper.client.arena_format import address as _address
     for obj in (bytes(5000), bytearray(5000), np.zeros(5000, np.uint8),
                 memoryview(bytes(5000))[1:], memoryview(np.zeros(5000, np.uint8)).toreadonly()):
         mv = memoryview(obj)
