@@ -1,0 +1,41 @@
+"""kvkeeper.connector: the vLLM KV connector backed by a kvkeeper daemon.
+
+Enable it with
+
+    --kv-transfer-config '{"kv_connector": "KVKeeperConnector",
+                           "kv_connector_module_path": "kvkeeper.connector",
+                           "kv_role": "kv_both",
+                           "kv_connector_extra_config": {"kvkeeper_url": "unix:///path/kvkeeper.sock"}}'
+
+(or the same dict as LLM(kv_transfer_config=...)); config.py lists the
+settings. Modules, one concept each:
+
+  keys       chained sha256 block keys (pure Python)
+  layout     the KV layout of a TP rank and its namespace descriptor (pure Python)
+  config     the kv_connector_extra_config settings (pure Python)
+  blocks     block bytes <-> vLLM's paged KV tensors (torch)
+  link       a daemon session that reconnects with backoff (kvkeeper.client)
+  releaser   lease releases on a background thread (kvkeeper.client)
+  metadata   what the scheduler side tells the workers each step, and back (vLLM)
+  stats      counters -> vLLM's KVConnectorStats and Prometheus metrics (vLLM)
+  scheduler  lookups, load and save plans, releases (scheduler role)
+  worker     loads into and saves out of the KV cache (worker role; torch)
+  connector  the KVConnectorBase_V1 subclass, dispatching by role (vLLM)
+
+`KVKeeperConnector` is imported on first access, so `kvkeeper.connector.keys`
+and friends can be used (and kvkeeper.client / kvkeeper.server are never
+affected) where vLLM and torch are not installed.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["KVKeeperConnector"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "KVKeeperConnector":
+        from .connector import KVKeeperConnector
+
+        return KVKeeperConnector
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

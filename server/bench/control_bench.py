@@ -17,9 +17,9 @@ number of calls against each.
 
 With C concurrent clients, C separate channels (and, for kvkeeper, C
 sessions) each make calls back to back; a call's latency is measured around
-its await. Kinds run in alternation over a few rounds, so drifts of the
-machine hit all alike. p50/p99 over all calls of all rounds; ops/s = calls /
-wall time of the rounds.
+its await. Kinds run in alternation over many short rounds (the order
+reversed every other round), so drifts of the machine's load hit all alike.
+p50/p99 over all calls of all rounds; ops/s = calls / wall time of the rounds.
 """
 from __future__ import annotations
 
@@ -53,8 +53,8 @@ class Scale:
     @classmethod
     def for_mode(cls, quick: bool) -> "Scale":
         if quick:
-            return cls(concurrency=(1, 16), calls={1: 300, 16: 25}, rounds=2, warmup=30)
-        return cls(concurrency=(1, 16), calls={1: 1500, 16: 120}, rounds=3, warmup=200)
+            return cls(concurrency=(1, 16), calls={1: 150, 16: 12}, rounds=2, warmup=30)
+        return cls(concurrency=(1, 16), calls={1: 150, 16: 12}, rounds=8, warmup=200)
 
 
 Call = Callable[[], Awaitable[Any]]
@@ -148,11 +148,11 @@ async def _one_level(c: int, scale: Scale, kvk: ServerProcess, raw: ServerProces
         lat: dict[str, list[float]] = {k: [] for k in kinds}
         wall = {k: 0.0 for k in kinds}
         log(f"control: {c} client(s): warm-up")
-        for k, calls in kinds.items():
+        for calls in kinds.values():
             await _load(calls, scale.warmup, [])
         n = scale.calls[c]
+        log(f"control: {c} client(s): {scale.rounds} rounds of {c * n} calls per kind")
         for r in range(scale.rounds):
-            log(f"control: {c} client(s): round {r + 1}/{scale.rounds}, {c * n} calls per kind")
             order = list(kinds) if r % 2 == 0 else list(reversed(kinds))
             for k in order:
                 wall[k] += await _load(kinds[k], n, lat[k])

@@ -25,16 +25,18 @@ memory move each way; GB/s is 1e9 bytes per second.
   copy, the receiver copies each into a preallocated buffer, as storing or
   loading the bytes requires. Target >= 0.8x.
 
-The arena is written through once before timing so that no measurement pays
-for first-touch page faults; every kind gets an untimed warm-up; kinds
-alternate within each repetition and the median repetition is reported.
+Before timing, every arena page is written once through every mapping that
+will touch it (each shm client's, the daemon's for the stream path), so no
+measurement pays for first-touch page faults (the arena file is sparse, and
+each new mapping faults on each page once: a one-time cost per client
+process, not a steady-state one). Every kind also gets an untimed warm-up
+round; kinds alternate within each repetition and the median is reported.
 """
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable, Iterator
 
 import numpy as np
 
@@ -78,143 +80,167 @@ def _gbps(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / 1e9
 
 
+class _SizeRun:
+    """Every kind's save and load of n blocks of `bs` bytes."""
+
+    def __init__(self, bs: int, scale: Scale, kvk: ServerProcess, sink: Any, source: Any,
+                 keys: _Keys) -> None:
+        from kvkeeper.client.aio import WRITE_CHUNK_BYTES
+        from kvkeeper.server.api.servicer import STREAM_CHUNK_BYTES
+
+        self.bs, self.n = bs, scale.move_bytes // bs
+        self.kvk, self.sink, self.source, self.keys = kvk, sink, source, keys
+        self.save_chunk = min(WRITE_CHUNK_BYTES, bs)
+        self.load_chunk = min(STREAM_CHUNK_BYTES, bs)
+        n = self.n
+        self.src = np.empty((n, bs), dtype=np.uint8)
+        self.src[:] = 0x5A
+        self.src[:, :8] = np.arange(n, dtype=np.uint64).view(np.uint8).reshape(n, 8)
+        self.dst = np.zeros((n, bs), dtype=np.uint8)
+        self.blocks = [self.src[i] for i in range(n)]
+        self.outs = [self.dst[i] for i in range(n)]
+        self.out_views = [memoryview(o) for o in self.outs]
+        self.clients: dict[str, Any] = {}
+        self.saved: dict[str, list[bytes]] = {}
+
+    async def connect(self) -> None:
+        from kvkeeper.client.aio import AsyncClient
+
+        ns = {"model_id": "bench-data", "block_tokens": 16, "block_bytes": self.bs}
+        for kind, transport, checksum in (("shm", "shm", "none"), ("shm_crc32", "shm", "crc32"),
+                                          ("stream", "stream", "none")):
+            self.clients[kind] = await AsyncClient.connect(
+                self.kvk.url, ns, transport=transport, checksum=checksum, timeout=120,
+                instance_id=f"bench-{kind}")
+
+    async def close(self) -> None:
+        for cl in self.clients.values():
+            await cl.close()
+
+    async def write_through(self) -> None:
+        """Steady state: every arena page written once through each mapping
+        (each shm client's, and the daemon's own for the stream path). The
+        arena holds two measurements, so two saves through a client cover it;
+        otherwise first touches of the sparse file, and of each page in a
+        fresh mapping, would be timed as page faults."""
+        for cl in self.clients.values():
+            for _ in range(2):
+                await cl.save(self.keys.take(self.n), self.blocks)
+
+    async def kv_save(self, kind: str) -> float:
+        ks = self.saved[kind] = self.keys.take(self.n)
+        t0 = time.perf_counter()
+        r = await self.clients[kind].save(ks, self.blocks)
+        t = time.perf_counter() - t0
+        if r.committed != self.n:
+            raise RuntimeError(f"{kind} save committed {r.committed} of {self.n}")
+        return t
+
+    async def kv_load(self, kind: str) -> float:
+        cl = self.clients[kind]
+        m = await cl.match(self.saved[kind], lease=True)
+        if m.matched != self.n or m.lease_id is None:
+            raise RuntimeError(f"{kind}: matched {m.matched} of {self.n} just saved")
+        self.dst[:, :8] = 0
+        t0 = time.perf_counter()
+        await cl.load_into(m.lease_id, self.outs)
+        t = time.perf_counter() - t0
+        await cl.release(m.lease_id)
+        self._check_loaded(kind)
+        return t
+
+    def _check_loaded(self, kind: str) -> None:
+        if not np.array_equal(self.dst[:, :8], self.src[:, :8]):
+            raise RuntimeError(f"{kind}: loaded bytes differ from the saved ones")
+
+    async def memcpy(self) -> float:
+        t0 = time.perf_counter()
+        for a, b in zip(self.outs, self.blocks):
+            np.copyto(a, b)
+        return time.perf_counter() - t0
+
+    def _chunks(self) -> Iterator[bytes]:
+        step = self.save_chunk
+        for v in self.blocks:
+            mv = memoryview(v)
+            for off in range(0, self.bs, step):
+                yield bytes(mv[off:off + step])
+
+    async def raw_save(self) -> float:
+        t0 = time.perf_counter()
+        got = U64.unpack(await self.sink(self._chunks(), timeout=120))[0]
+        t = time.perf_counter() - t0
+        if got != self.n * self.bs:
+            raise RuntimeError(f"raw sink got {got} bytes of {self.n * self.bs}")
+        return t
+
+    async def raw_load(self) -> float:
+        bs, views = self.bs, self.out_views
+        i = off = 0
+        t0 = time.perf_counter()
+        async for chunk in self.source(SOURCE_REQ.pack(self.n * bs, bs, self.load_chunk),
+                                       timeout=120):
+            ln = len(chunk)
+            views[i][off:off + ln] = chunk
+            off += ln
+            if off == bs:
+                i, off = i + 1, 0
+        t = time.perf_counter() - t0
+        if i != self.n:
+            raise RuntimeError(f"raw source sent {i} of {self.n} blocks")
+        return t
+
+    async def measure(self, reps: int) -> dict[str, dict[str, list[float]]]:
+        kinds: dict[str, tuple[Callable[[], Awaitable[float]], Callable[[], Awaitable[float]]]] = {
+            "memcpy": (self.memcpy, self.memcpy),
+            "shm": (lambda: self.kv_save("shm"), lambda: self.kv_load("shm")),
+            "shm_crc32": (lambda: self.kv_save("shm_crc32"), lambda: self.kv_load("shm_crc32")),
+            "stream": (lambda: self.kv_save("stream"), lambda: self.kv_load("stream")),
+            "raw": (self.raw_save, self.raw_load),
+        }
+        times: dict[str, dict[str, list[float]]] = {k: {"save": [], "load": []} for k in kinds}
+        for rep in range(reps + 1):   # rep 0 is the warm-up
+            order = list(kinds) if rep % 2 == 0 else list(reversed(kinds))
+            for k in order:
+                save, load = kinds[k]
+                ts = await save()
+                tl = await load()
+                if rep:
+                    times[k]["save"].append(ts)
+                    times[k]["load"].append(tl)
+        return times
+
+
 async def _run(scale: Scale, log: Callable[[str], None]) -> list[Result]:
-    from kvkeeper.client.aio import WRITE_CHUNK_BYTES, AsyncClient
-    from kvkeeper.server.api.servicer import STREAM_CHUNK_BYTES
     import grpc
 
     move = scale.move_bytes
-    capacity = 4096 + 2 * move
     results: list[Result] = []
     keys = _Keys()
     with SocketDir() as d, \
-            ServerProcess.kvkeeper(d, capacity=capacity, page_bytes=PAGE_BYTES) as kvk, \
+            ServerProcess.kvkeeper(d, capacity=4096 + 2 * move, page_bytes=PAGE_BYTES) as kvk, \
             ServerProcess.raw(d, buffer_bytes=move) as raw:
         channel = grpc.aio.insecure_channel(raw.target, options=RAW_OPTIONS)
         sink = channel.stream_unary(f"/{RAW_SERVICE}/Sink")
         source = channel.unary_stream(f"/{RAW_SERVICE}/Source")
         try:
-            first = True
             for bs in scale.block_sizes:
-                n = move // bs
                 label = _size_label(bs)
-                log(f"data: {label} blocks, {n} per measurement")
-                src = np.empty((n, bs), dtype=np.uint8)
-                src[:] = 0x5A
-                src[:, :8] = np.arange(n, dtype=np.uint64).view(np.uint8).reshape(n, 8)
-                dst = np.zeros((n, bs), dtype=np.uint8)
-                blocks = [src[i] for i in range(n)]
-                outs = [dst[i] for i in range(n)]
-                ns = {"model_id": "bench-data", "block_tokens": 16, "block_bytes": bs}
-                clients = {
-                    "shm": await AsyncClient.connect(kvk.url, ns, transport="shm", checksum="none",
-                                                     timeout=120),
-                    "shm_crc32": await AsyncClient.connect(kvk.url, ns, transport="shm",
-                                                           checksum="crc32", timeout=120),
-                    "stream": await AsyncClient.connect(kvk.url, ns, transport="stream",
-                                                        checksum="none", timeout=120),
-                }
+                run = _SizeRun(bs, scale, kvk, sink, source, keys)
+                log(f"data: {label} blocks, {run.n} per measurement; writing the arena "
+                    "through each mapping")
+                await run.connect()
                 try:
-                    if first:
-                        # Touch every arena page once (the file is sparse).
-                        log("data: writing the arena through once")
-                        for _ in range(2):
-                            await clients["shm"].save(keys.take(n), blocks)
-                        first = False
-                    save_chunk = min(WRITE_CHUNK_BYTES, bs)
-                    load_chunk = min(STREAM_CHUNK_BYTES, bs)
-
-                    saved: dict[str, list[bytes]] = {}
-                    mvs = [memoryview(o) for o in outs]
-
-                    async def kv_save(kind: str) -> float:
-                        ks = saved[kind] = keys.take(n)
-                        t0 = time.perf_counter()
-                        r = await clients[kind].save(ks, blocks)
-                        t = time.perf_counter() - t0
-                        if r.committed != n:
-                            raise RuntimeError(f"{kind} save committed {r.committed} of {n}")
-                        return t
-
-                    async def kv_load(kind: str) -> float:
-                        cl = clients[kind]
-                        m = await cl.match(saved[kind], lease=True)
-                        if m.matched != n or m.lease_id is None:
-                            raise RuntimeError(f"{kind}: matched {m.matched} of {n} just saved")
-                        dst[:, :8] = 0
-                        t0 = time.perf_counter()
-                        await cl.load_into(m.lease_id, outs)
-                        t = time.perf_counter() - t0
-                        await cl.release(m.lease_id)
-                        if not np.array_equal(dst[:, :8], src[:, :8]):
-                            raise RuntimeError(f"{kind}: loaded bytes differ from the saved ones")
-                        return t
-
-                    def memcpy() -> float:
-                        t0 = time.perf_counter()
-                        for a, b in zip(outs, blocks):
-                            np.copyto(a, b)
-                        return time.perf_counter() - t0
-
-                    def chunks() -> Any:
-                        for v in blocks:
-                            mv = memoryview(v)
-                            for off in range(0, bs, save_chunk):
-                                yield bytes(mv[off:off + save_chunk])
-
-                    async def raw_save() -> float:
-                        t0 = time.perf_counter()
-                        got = U64.unpack(await sink(chunks(), timeout=120))[0]
-                        t = time.perf_counter() - t0
-                        if got != n * bs:
-                            raise RuntimeError(f"raw sink got {got} bytes of {n * bs}")
-                        return t
-
-                    async def raw_load() -> float:
-                        t0 = time.perf_counter()
-                        i = off = 0
-                        async for chunk in source(SOURCE_REQ.pack(n * bs, bs, load_chunk),
-                                                  timeout=120):
-                            ln = len(chunk)
-                            mvs[i][off:off + ln] = chunk
-                            off += ln
-                            if off == bs:
-                                i, off = i + 1, 0
-                        t = time.perf_counter() - t0
-                        if i != n:
-                            raise RuntimeError(f"raw source sent {i} of {n} blocks")
-                        return t
-
-                    kinds: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
-                        "memcpy": (lambda: _sync(memcpy), lambda: _sync(memcpy)),
-                        "shm": (lambda: kv_save("shm"), lambda: kv_load("shm")),
-                        "shm_crc32": (lambda: kv_save("shm_crc32"), lambda: kv_load("shm_crc32")),
-                        "stream": (lambda: kv_save("stream"), lambda: kv_load("stream")),
-                        "raw": (raw_save, raw_load),
-                    }
-                    times: dict[str, dict[str, list[float]]] = {
-                        k: {"save": [], "load": []} for k in kinds}
-                    for rep in range(scale.reps + 1):   # rep 0 is the warm-up
-                        order = list(kinds) if rep % 2 == 0 else list(reversed(kinds))
-                        for k in order:
-                            save, load = kinds[k]
-                            ts = await save()
-                            tl = await load()
-                            if rep:
-                                times[k]["save"].append(ts)
-                                times[k]["load"].append(tl)
+                    await run.write_through()
+                    log(f"data: {label} blocks: timing")
+                    times = await run.measure(scale.reps)
                 finally:
-                    for cl in clients.values():
-                        await cl.close()
-                results += _results(times, n, bs, label, save_chunk, load_chunk, scale)
-                del src, dst, blocks, outs
+                    await run.close()
+                results += _results(times, run.n, bs, label, run.save_chunk, run.load_chunk, scale)
+                del run
         finally:
             await channel.close()
     return results
-
-
-async def _sync(fn: Callable[[], float]) -> float:
-    return fn()
 
 
 def _results(times: dict[str, dict[str, list[float]]], n: int, bs: int, label: str,

@@ -17,8 +17,10 @@ lease TTL). Then:
   reservation is aborted, which frees exactly those pages, and 4096 other new
   keys are reserved), at the same N. The difference is the eviction itself.
 * evict flatness: evict cost per block at the largest N over the smallest.
-  An O(1) eviction keeps this near 1 (cache misses grow a little with N);
-  an O(log N) one would be about 1.5 from 10k to 1M, an O(N) one ~100.
+  The smallest ledger is kept and measured again rep by rep beside the
+  largest, so a change in machine load hits both alike. An O(1) eviction keeps
+  this near 1 (cache misses grow a little with N); an O(log N) one would be
+  about 1.5 from 10k to 1M, an O(N) one ~100.
 * memory: tracemalloc delta from before the ledger is built to after the
   largest fill, per block (1M, or 100k with --quick). Everything the ledger
   holds counts: keys, Block records, the namespace dict, page numbers, the
@@ -60,9 +62,9 @@ class Scale:
     @classmethod
     def for_mode(cls, quick: bool) -> "Scale":
         if quick:
-            return cls(sizes=(10_000, 100_000), memory_blocks=100_000, chains=150, evict_reps=3)
+            return cls(sizes=(10_000, 100_000), memory_blocks=100_000, chains=150, evict_reps=5)
         return cls(sizes=(10_000, 100_000, 1_000_000), memory_blocks=1_000_000, chains=1500,
-                   evict_reps=7)
+                   evict_reps=9)
 
 
 def _key(i: int) -> bytes:
@@ -136,38 +138,44 @@ def _measure_match(ledger: Ledger, sid: str, n: int, chains: int, clock: _Clock,
     return t_ledger / blocks * 1e9, t_dict / blocks * 1e9
 
 
-def _measure_evict(ledger: Ledger, sid: str, n: int, reps: int, batch: int, next_key: int,
-                   clock: _Clock) -> tuple[float, float, int]:
-    """(evicting reserve ns/block, reserve into free pages ns/block, next unused key)."""
-    k = min(batch, max(1, n // 2))
-    tier = ledger.top
-    evicting: list[float] = []
-    plain: list[float] = []
-    perf = time.perf_counter
-    for _ in range(reps):
-        if tier.free_pages != 0 or tier.evictable_pages != n:
+class _Filled:
+    """A ledger whose one tier is full of N unreferenced committed blocks."""
+
+    def __init__(self, ledger: Ledger, sid: str, n: int, batch: int, clock: _Clock) -> None:
+        self.ledger, self.sid, self.n, self.clock = ledger, sid, n, clock
+        self.k = min(batch, max(1, n // 2))
+        self.next_key = n
+
+    def evict_once(self) -> tuple[float, float]:
+        """(ns/block of a reserve that evicts k blocks, ns/block of a reserve of
+        k keys into free pages); leaves the tier full again."""
+        ledger, sid, k, tier = self.ledger, self.sid, self.k, self.ledger.top
+        perf = time.perf_counter
+        if tier.free_pages != 0 or tier.evictable_pages != self.n:
             raise RuntimeError("bench setup: the tier is not full of unreferenced blocks")
-        a = _keys(next_key, k)
-        b = _keys(next_key + k, k)
-        next_key += 2 * k
+        a = _keys(self.next_key, k)
+        b = _keys(self.next_key + k, k)
+        self.next_key += 2 * k
         ev0 = sum(tier.evictions.values())
-        now = clock()
+        now = self.clock()
         t0 = perf()
         res = ledger.reserve(sid, a, now)
         t1 = perf()
         if sum(tier.evictions.values()) - ev0 != k:
             raise RuntimeError("bench setup: the reserve did not evict one block per key")
         ledger.abort(sid, res.reservation_id, now)   # frees exactly k pages
-        now = clock()
+        now = self.clock()
         t2 = perf()
         res = ledger.reserve(sid, b, now)
         t3 = perf()
         ledger.commit(sid, res.reservation_id, now)
-        evicting.append((t1 - t0) / k * 1e9)
-        plain.append((t3 - t2) / k * 1e9)
-    evicting.sort()
-    plain.sort()
-    return evicting[len(evicting) // 2], plain[len(plain) // 2], next_key
+        return (t1 - t0) / k * 1e9, (t3 - t2) / k * 1e9
+
+
+def _median(xs: list[float]) -> float:
+    ys = sorted(xs)
+    mid = len(ys) // 2
+    return ys[mid] if len(ys) % 2 else (ys[mid - 1] + ys[mid]) / 2
 
 
 def _dict_baseline_bytes(n: int) -> float:
@@ -196,8 +204,12 @@ def run(quick: bool = False, *, scale: Optional[Scale] = None,
     results: list[Result] = []
     evict_by_size: dict[int, float] = {}
     mem_per_block = 0.0
+    sizes = sorted(scale.sizes)
+    lo, hi = sizes[0], sizes[-1]
+    small: Optional[_Filled] = None     # kept, to be measured again beside the largest
+    small_beside_hi: list[float] = []
     gc_was_enabled = gc.isenabled()
-    for n in scale.sizes:
+    for n in sizes:
         clock = _Clock()
         traced = n == scale.memory_blocks
         log(f"ledger: filling {n} blocks{' (traced by tracemalloc)' if traced else ''}")
@@ -219,18 +231,29 @@ def run(quick: bool = False, *, scale: Optional[Scale] = None,
             if gc_was_enabled:
                 gc.enable()
         t_fill = time.perf_counter() - t_fill
+        filled = _Filled(ledger, sid, n, scale.batch, clock)
         gc.collect()
         gc.freeze()
         try:
             log(f"ledger: {n} blocks filled in {t_fill:.1f}s; timing match and evict")
             m_ledger, m_dict = _measure_match(ledger, sid, n, scale.chains, clock, rng)
-            ev, plain, _ = _measure_evict(ledger, sid, n, scale.evict_reps, scale.batch, n, clock)
+            evicting: list[float] = []
+            plain: list[float] = []
+            for _ in range(scale.evict_reps):
+                ev, pl = filled.evict_once()
+                evicting.append(ev)
+                plain.append(pl)
+                if n == hi and small is not None:
+                    small_beside_hi.append(small.evict_once()[0])
             if n <= 100_000:
                 ledger.check_invariants()
         finally:
-            del ledger
             gc.unfreeze()
-            gc.collect()
+        if n == lo:
+            small = filled
+        del ledger, filled
+        gc.collect()
+        ev, pl = _median(evicting), _median(plain)
         evict_by_size[n] = ev
         label = _size_label(n)
         results.append(Result(
@@ -241,17 +264,19 @@ def run(quick: bool = False, *, scale: Optional[Scale] = None,
             note="Ledger.match of a 256-key chain; the ratio is the ledger's overhead over a bare lookup"))
         results.append(Result(
             name=f"ledger.evict_ns_per_block.{label}", value=ev, unit="ns/block",
-            baseline_name="the same reserve into free pages (no eviction)", baseline_value=plain,
+            baseline_name="the same reserve into free pages (no eviction)", baseline_value=pl,
             better="lower", params={"resident_blocks": n, "keys_per_reserve": min(scale.batch, n // 2),
                                     "reps": scale.evict_reps, "policy": "lru"},
             note="reserve that evicts one unreferenced block per new key, per block (median of reps)"))
-    lo, hi = min(scale.sizes), max(scale.sizes)
+    del small
     results.append(Result(
         name=f"ledger.evict_flatness.{_size_label(hi)}_vs_{_size_label(lo)}",
         value=evict_by_size[hi], unit="ns/block",
-        baseline_name=f"evict ns/block at {_size_label(lo)} resident", baseline_value=evict_by_size[lo],
+        baseline_name=f"evict ns/block at {_size_label(lo)} resident, measured rep by rep "
+                      f"beside the {_size_label(hi)} one",
+        baseline_value=_median(small_beside_hi) if small_beside_hi else evict_by_size[lo],
         better="lower", target="<= 1.5", target_of="ratio",
-        params={"sizes": list(scale.sizes)},
+        params={"sizes": list(scale.sizes), "reps": scale.evict_reps},
         note="eviction must cost the same per block whatever the population (O(1))"))
     log(f"ledger: dict baseline for memory at {scale.memory_blocks} keys")
     dict_bytes = _dict_baseline_bytes(scale.memory_blocks)

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
                                  rule)
 
-from kvkeeper.server.errors import FailedPrecondition, NotFound, ResourceExhausted
+from kvkeeper.server.errors import (FailedPrecondition, InvalidArgument, NotFound,
+                                    ResourceExhausted)
 from kvkeeper.server.ids import HOST
 from kvkeeper.server.ledger import (BlockState, Ledger, LedgerConfig, NamespaceDescriptor,
                                     SlotStatus, TierSpec)
@@ -204,7 +205,8 @@ class LedgerMachine(RuleBasedStateMachine):
             assert r.lease_id is None
 
     @precondition(lambda self: self.leases or self.old_leases)
-    @rule(data=st.data(), discard=st.booleans(), foreign=st.booleans())
+    @rule(data=st.data(), discard=st.sampled_from(["keep", "all", "some"]),
+          foreign=st.booleans())
     def release(self, data, discard, foreign):
         if self.leases and (not self.old_leases or data.draw(st.integers(0, 4), label="live?")):
             lid = data.draw(st.sampled_from(sorted(self.leases)), label="lid")
@@ -212,21 +214,30 @@ class LedgerMachine(RuleBasedStateMachine):
             lid = data.draw(st.sampled_from(sorted(self.old_leases)), label="lid")
         owner = self.leases[lid][0] if lid in self.leases else self.old_leases[lid]
         sid = self.any_sid(data) if foreign else owner
+        # Positions to discard; -1 and 5 are outside every lease (at most 5 keys).
+        indices = data.draw(st.lists(st.integers(-1, 5), max_size=3), label="indices") \
+            if discard == "some" else []
         err = self.gate(sid)
         if err is None and (lid not in self.leases or self.leases[lid][0] != sid):
             err = FailedPrecondition             # released already, or someone else's
+        if err is None and any(not 0 <= i < len(self.leases[lid][2]) for i in indices):
+            err = InvalidArgument                # the lease stays held
+        call = lambda: self.led.release(sid, lid, self.now, discard=discard == "all",  # noqa: E731
+                                        discard_indices=indices)
         if err:
             with pytest.raises(err):
-                self.led.release(sid, lid, self.now, discard=discard)
+                call()
             return
-        self.led.release(sid, lid, self.now, discard=discard)
+        call()
         _, n, keys = self.leases.pop(lid)
         self.old_leases[lid] = sid
-        if discard:
-            still = self.leased()
-            for k in keys:
-                if still[(n, k)] == 0:
-                    self.committed[n].discard(k)
+        dropped = keys if discard == "all" else [keys[i] for i in indices]
+        if dropped:
+            event("release: discarded")
+        still = self.leased()
+        for k in dropped:
+            if still[(n, k)] == 0:
+                self.committed[n].discard(k)
 
     @rule(data=st.data(), then_commit=st.sampled_from([True, True, False]))
     def reserve(self, data, then_commit):
@@ -235,6 +246,17 @@ class LedgerMachine(RuleBasedStateMachine):
                                    st.lists(st.sampled_from(KEYS), min_size=1, max_size=4,
                                             unique=True)),
                          label="keys")
+        self.do_reserve(sid, keys, then_commit)
+
+    @precondition(lambda self: self.sess)
+    @rule(data=st.data(), n=st.integers(1, 4))
+    def save_then_load(self, data, n):
+        """The connector's round trip: save a chain from its first key, then lease it."""
+        sid = data.draw(st.sampled_from(sorted(self.sess)), label="sid")
+        self.do_reserve(sid, KEYS[:n], then_commit=True)
+        self.do_match(sid, KEYS[:n], lease=True)
+
+    def do_reserve(self, sid, keys, then_commit):
         err = self.gate(sid)
         if err:
             with pytest.raises(err):
@@ -339,6 +361,14 @@ class LedgerMachine(RuleBasedStateMachine):
     def commit(self, data, foreign, checksums):
         rid, sid = self.pick_reservation(data, foreign)
         self.close_reservation(rid, sid, True, checksums)
+
+    @precondition(lambda self: self.res)
+    @rule(data=st.data(), commit=st.booleans())
+    def just_too_late(self, data, commit):
+        """A writer that finishes half a second after its reservation's deadline."""
+        rid = data.draw(st.sampled_from(sorted(self.res)), label="rid")
+        self.now = max(self.now, self.res[rid][3] + 0.5)
+        self.close_reservation(rid, self.res[rid][0], commit)
 
     @precondition(lambda self: self.res or self.old_res)
     @rule(data=st.data(), foreign=st.booleans())

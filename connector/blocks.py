@@ -1,0 +1,163 @@
+"""Block bytes <-> vLLM's paged KV tensors.
+
+vLLM hands the connector one tensor per attention layer, a logical
+[B, H, N, C] view (B kernel blocks, H head slots, N tokens per kernel block,
+C content elements) whose strides follow the backend's physical layout. A
+vLLM block may span k kernel blocks (N * k == block_tokens) when the kernel
+needs smaller blocks than the scheduler's.
+
+A kvkeeper block is the concatenation, layer by layer in the KV cache
+group's order, of that layer's page in logical [H, block_tokens, C] order
+(see layout.py). `BlockCodec.gather` copies vLLM blocks into rows of a uint8
+staging tensor [n, block_bytes]; `scatter` copies rows back. Both work for
+any strides and any device (copy_ moves across devices).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Mapping, Sequence
+
+import torch
+
+from .layout import KVLayout
+
+__all__ = ["BlockCodec", "LayoutMismatch"]
+
+
+class LayoutMismatch(ValueError):
+    """The real KV tensors do not match the layout derived from the config."""
+
+
+class _Layer:
+    __slots__ = ("name", "tensor", "offset", "split", "kernel_tokens", "elem_bytes")
+
+    def __init__(self, name: str, tensor: torch.Tensor, offset: int, split: int) -> None:
+        self.name = name
+        self.tensor = tensor
+        self.offset = offset
+        self.split = split  # kernel blocks per vLLM block
+        self.kernel_tokens = tensor.shape[2]
+        self.elem_bytes = tensor.element_size()
+
+
+class BlockCodec:
+    """Copies whole vLLM blocks of every layer between the KV cache and
+    contiguous block buffers."""
+
+    def __init__(self, layout: KVLayout, kv_caches: Mapping[str, torch.Tensor],
+                 num_blocks: int) -> None:
+        problems = self.check(layout, kv_caches, num_blocks)
+        if problems:
+            raise LayoutMismatch("; ".join(problems))
+        self.layout = layout
+        self.block_bytes = layout.block_bytes
+        self._layers: List[_Layer] = []
+        for i, name in enumerate(layout.layer_names):
+            t = kv_caches[name]
+            self._layers.append(_Layer(name, t, i * layout.layer_bytes, t.shape[0] // num_blocks))
+        self.device = self._layers[0].tensor.device
+
+    @staticmethod
+    def check(layout: KVLayout, kv_caches: Mapping[str, torch.Tensor],
+              num_blocks: int) -> List[str]:
+        """What differs between `layout` and the tensors (empty: they match)."""
+        problems: List[str] = []
+        missing = [n for n in layout.layer_names if n not in kv_caches]
+        if missing:
+            problems.append(f"layers {missing[:3]} of the KV cache group have no KV tensor")
+        extra = [n for n in kv_caches if n not in layout.layer_names]
+        if extra:
+            problems.append(f"KV tensors {extra[:3]} are not in the KV cache group")
+        if num_blocks <= 0:
+            problems.append(f"num_blocks is {num_blocks}")
+            return problems
+        for name in layout.layer_names:
+            t = kv_caches.get(name)
+            if t is None:
+                continue
+            if not isinstance(t, torch.Tensor):
+                problems.append(f"{name}: KV cache is a {type(t).__name__}, not one tensor")
+                continue
+            if t.dim() != 4:
+                problems.append(f"{name}: KV tensor has shape {tuple(t.shape)}, expected a 4-d "
+                                "[blocks, heads, tokens, content] view")
+                continue
+            blocks, heads, tokens, content = t.shape
+            if blocks % num_blocks:
+                problems.append(f"{name}: {blocks} kernel blocks is not a multiple of "
+                                f"{num_blocks} blocks")
+                continue
+            split = blocks // num_blocks
+            if heads != layout.num_heads:
+                problems.append(f"{name}: {heads} head slots, the config says {layout.num_heads}")
+            if tokens * split != layout.block_tokens:
+                problems.append(f"{name}: {split} kernel block(s) of {tokens} tokens, the config "
+                                f"says blocks of {layout.block_tokens}")
+            if content * t.element_size() != layout.content_bytes:
+                problems.append(f"{name}: {content * t.element_size()} content bytes per head "
+                                f"and token, the config says {layout.content_bytes}")
+            dtype = str(t.dtype).replace("torch.", "")
+            if dtype != layout.dtype.split("/")[0]:
+                problems.append(f"{name}: dtype {dtype}, the config says {layout.dtype}")
+        return problems
+
+    # ---- helpers
+
+    def _kernel_index(self, layer: _Layer, block_ids: Sequence[int]) -> torch.Tensor:
+        ids = torch.as_tensor(list(block_ids), dtype=torch.long)
+        if layer.split > 1:
+            ids = (ids[:, None] * layer.split + torch.arange(layer.split)).reshape(-1)
+        return ids.to(layer.tensor.device)
+
+    def _row_view(self, layer: _Layer, rows: torch.Tensor) -> torch.Tensor:
+        """rows' bytes of `layer` as [n, H, split, kernel_tokens, C] of the layer's dtype."""
+        n = rows.shape[0]
+        lb = self.layout.layer_bytes
+        part = rows[:, layer.offset:layer.offset + lb].view(layer.tensor.dtype)
+        t = layer.tensor
+        return part.view(n, t.shape[1], layer.split, layer.kernel_tokens, t.shape[3])
+
+    def new_rows(self, n: int, pin: bool = False) -> torch.Tensor:
+        """A staging tensor for n blocks: uint8 [n, block_bytes] on the CPU."""
+        return torch.empty((n, self.block_bytes), dtype=torch.uint8, pin_memory=pin)
+
+    def _check_rows(self, block_ids: Sequence[int], rows: torch.Tensor) -> None:
+        if rows.dtype != torch.uint8 or rows.dim() != 2 or rows.shape[1] != self.block_bytes:
+            raise ValueError(f"rows must be uint8 [n, {self.block_bytes}], got "
+                             f"{rows.dtype} {tuple(rows.shape)}")
+        if rows.shape[0] != len(block_ids):
+            raise ValueError(f"{len(block_ids)} block ids but {rows.shape[0]} rows")
+        if rows.stride(1) != 1:
+            raise ValueError("rows must be contiguous within a row")
+
+    # ---- API
+
+    def gather(self, block_ids: Sequence[int], rows: torch.Tensor) -> None:
+        """Copy vLLM blocks `block_ids` (all layers) into rows[i]."""
+        self._check_rows(block_ids, rows)
+        if not len(block_ids):
+            return
+        n = len(block_ids)
+        for layer in self._layers:
+            src = layer.tensor.index_select(0, self._kernel_index(layer, block_ids))
+            t = layer.tensor
+            # [n*split, H, Nk, C] -> [n, split, H, Nk, C] -> [n, H, split, Nk, C]
+            src = src.view(n, layer.split, t.shape[1], layer.kernel_tokens, t.shape[3])
+            self._row_view(layer, rows).copy_(src.permute(0, 2, 1, 3, 4))
+
+    def scatter(self, block_ids: Sequence[int], rows: torch.Tensor) -> None:
+        """Copy rows[i] into vLLM block block_ids[i] (all layers)."""
+        self._check_rows(block_ids, rows)
+        if not len(block_ids):
+            return
+        n = len(block_ids)
+        for layer in self._layers:
+            t = layer.tensor
+            src = self._row_view(layer, rows).permute(0, 2, 1, 3, 4)
+            src = src.reshape(n * layer.split, t.shape[1], layer.kernel_tokens, t.shape[3])
+            t.index_copy_(0, self._kernel_index(layer, block_ids), src.to(t.device))
+
+    def describe(self) -> Dict[str, object]:
+        first = self._layers[0].tensor
+        return {"layers": len(self._layers), "shape": tuple(first.shape),
+                "stride": tuple(first.stride()), "dtype": str(first.dtype),
+                "split": self._layers[0].split, "block_bytes": self.block_bytes}

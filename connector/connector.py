@@ -1,0 +1,348 @@
+"""KVKeeperConnector: the KVConnectorBase_V1 subclass vLLM instantiates.
+
+vLLM creates one per role: SCHEDULER in the engine core, WORKER in every
+worker process. This class only dispatches to SchedulerSide / WorkerSide and
+makes sure nothing the connector does can take vLLM down: every entry point
+is wrapped, an exception is logged (rate-limited) and becomes "no hit" /
+"no save" / "these blocks failed to load, recompute them". A configuration
+or layout the connector cannot serve disables it, with an error in the log,
+instead of failing the engine's start.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import socket
+import time
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
+                                                               KVConnectorMetadata,
+                                                               KVConnectorRole,
+                                                               KVConnectorWorkerMetadata)
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from .config import ConnectorConfig
+from .layout import KVLayout, layout_from_config, namespace_descriptor
+from .link import DaemonLink
+from .metadata import KVKeeperConnectorMetadata
+from .scheduler import SchedulerSide
+from .stats import KVKeeperPromMetrics, KVKeeperStats
+
+if TYPE_CHECKING:
+    import torch
+
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+    from .stats import KVConnectorStats
+
+__all__ = ["KVKeeperConnector"]
+
+log = logging.getLogger("kvkeeper.connector")
+
+_LOG_EVERY_S = 30.0
+
+
+def _guarded(fallback: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Run the hook; on any exception log it (at most every 30 s per hook) and
+    return fallback(self, *args)."""
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(self: "KVKeeperConnector", *args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(self, *args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - the point of this wrapper
+                self._log_failure(fn.__name__, e)
+                try:
+                    return fallback(self, *args, **kwargs)
+                except Exception as e2:  # noqa: BLE001
+                    self._log_failure(fn.__name__ + "/fallback", e2)
+                    return None
+        return wrapper
+    return deco
+
+
+def _none(self: Any, *a: Any, **k: Any) -> None:
+    return None
+
+
+def _miss(self: Any, *a: Any, **k: Any) -> Tuple[int, bool]:
+    return 0, False
+
+
+def _not_delayed(self: Any, *a: Any, **k: Any) -> Tuple[bool, None]:
+    return False, None
+
+
+def _empty_meta(self: Any, *a: Any, **k: Any) -> KVKeeperConnectorMetadata:
+    return KVKeeperConnectorMetadata()
+
+
+def _fail_loads(self: "KVKeeperConnector", *a: Any, **k: Any) -> None:
+    if self._worker is not None and self.has_connector_metadata():
+        self._worker.fail_loads(self._get_connector_metadata())
+
+
+def _no_finished(self: Any, *a: Any, **k: Any) -> Tuple[None, None]:
+    return None, None
+
+
+def _no_errors(self: Any, *a: Any, **k: Any) -> set:
+    return set()
+
+
+class KVKeeperConnector(KVConnectorBase_V1):
+    """Shares prefix KV blocks between vLLM instances through a kvkeeper daemon."""
+
+    _cache_hit_source = CacheHitSource.HOST
+
+    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
+                 kv_cache_config: "KVCacheConfig | None" = None) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        self._sched: Optional[SchedulerSide] = None
+        self._worker: Any = None   # worker.WorkerSide (imported lazily: it needs torch)
+        self._disabled: Optional[str] = None
+        self._last_log: Dict[str, float] = {}
+        ktc = self._kv_transfer_config
+        try:
+            cfg = ConnectorConfig.from_extra(ktc.kv_connector_extra_config, ktc.kv_role)
+        except Exception as e:
+            self._disable(f"bad configuration: {e}")
+            return
+        if role == KVConnectorRole.SCHEDULER and cfg.recompute_on_load_failure \
+                and getattr(ktc, "kv_load_failure_policy", "recompute") != "recompute":
+            # The scheduler reads the policy right after creating its connector.
+            # A block that cannot be loaded is a cache miss: recompute it rather
+            # than fail the request (opt out: kvkeeper_recompute_on_load_failure=false).
+            log.info("kvkeeper: setting kv_load_failure_policy=recompute")
+            ktc.kv_load_failure_policy = "recompute"
+        try:
+            layout = layout_from_config(vllm_config, kv_cache_config)
+        except Exception as e:
+            self._disable(str(e))
+            return
+        try:
+            if role == KVConnectorRole.SCHEDULER:
+                self._sched = self._build_scheduler(cfg, layout)
+            else:
+                self._worker = self._build_worker(cfg, layout)
+        except Exception as e:
+            log.exception("kvkeeper: setting up the %s side failed", role.name.lower())
+            self._disable(str(e))
+
+    # ---- construction
+
+    def _disable(self, reason: str) -> None:
+        self._disabled = reason
+        log.error("kvkeeper: connector disabled (%s): %s; vLLM runs without it",
+                  self.role.name.lower(), reason)
+        if self.role == KVConnectorRole.WORKER and self._worker is None:
+            # Still answer for loads the scheduler may plan (its side may be
+            # fine): report their blocks as failed, so vLLM recomputes them.
+            try:
+                from .worker import WorkerSide
+                self._worker = WorkerSide(None, None, 0, None)
+                self._worker.disable(reason)
+            except Exception as e:  # noqa: BLE001
+                log.error("kvkeeper: cannot even build a disabled worker side: %s", e)
+
+    def _instance_id(self, what: str) -> str:
+        engine = getattr(self._kv_transfer_config, "engine_id", "") or ""
+        return f"vllm {socket.gethostname()} pid {os.getpid()} engine {engine} {what}"[:256]
+
+    def _link(self, cfg: ConnectorConfig, ns: Dict[str, Any], timeout: float,
+              what: str) -> DaemonLink:
+        return DaemonLink(cfg.url, ns, instance_id=self._instance_id(what), timeout=timeout,
+                          max_retries=cfg.max_retries, transport=cfg.transport,
+                          checksum=cfg.checksum, reconnect_min_s=cfg.reconnect_min_s,
+                          reconnect_max_s=cfg.reconnect_max_s, name=f"kvkeeper[{what}]")
+
+    def _namespace(self, cfg: ConnectorConfig, layout: KVLayout, rank: int,
+                   size: int) -> Dict[str, Any]:
+        return namespace_descriptor(self._vllm_config, layout, tp_rank=rank, tp_size=size,
+                                    model_id=cfg.model_id, model_revision=cfg.model_revision)
+
+    def _tp_size(self) -> int:
+        return int(getattr(self._vllm_config.parallel_config, "tensor_parallel_size", 1) or 1)
+
+    def _build_scheduler(self, cfg: ConnectorConfig, layout: KVLayout) -> SchedulerSide:
+        size = self._tp_size()
+        nss = [self._namespace(cfg, layout, r, size) for r in range(size)]
+        links = [self._link(cfg, ns, cfg.lookup_timeout_s, f"scheduler tp{r}")
+                 for r, ns in enumerate(nss)]
+        log.info("kvkeeper: scheduler side for %s, namespace %s", cfg.url, nss[0])
+        return SchedulerSide(cfg, layout, nss, links)
+
+    def _build_worker(self, cfg: ConnectorConfig, layout: KVLayout) -> Any:
+        from .worker import WorkerSide  # torch, only in workers
+
+        size = self._tp_size()
+        rank = 0
+        if size > 1:
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+            rank = get_tensor_model_parallel_rank()
+        ns = self._namespace(cfg, layout, rank, size)
+        link = self._link(cfg, ns, cfg.io_timeout_s, f"worker tp{rank}")
+        return WorkerSide(cfg, layout, rank, link)
+
+    def _log_failure(self, hook: str, exc: BaseException) -> None:
+        now = time.monotonic()
+        if now - self._last_log.get(hook, -1e9) >= _LOG_EVERY_S:
+            self._last_log[hook] = now
+            log.error("kvkeeper: %s failed; treated as a miss / no save: %s", hook, exc,
+                      exc_info=True)
+
+    # ---- properties vLLM reads
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        # A best-effort cache: a save lost to a preemption is only a future miss.
+        return False
+
+    @property
+    def scheduler_side(self) -> Optional[SchedulerSide]:
+        return self._sched
+
+    @property
+    def worker_side(self) -> Any:
+        return self._worker
+
+    # ==============================
+    # Worker-side methods
+    # ==============================
+
+    @_guarded(_none)
+    def register_kv_caches(self, kv_caches: Dict[str, "torch.Tensor"]) -> None:
+        if self._worker is not None:
+            self._worker.register_kv_caches(kv_caches, self._kv_cache_config.num_blocks)
+
+    @_guarded(_fail_loads)
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
+        if not self.has_connector_metadata():
+            return
+        meta = self._get_connector_metadata()
+        if not isinstance(meta, KVKeeperConnectorMetadata) or not meta.loads:
+            return
+        if self._worker is None:
+            raise RuntimeError(f"loads were planned but this worker has no connector "
+                               f"({self._disabled})")
+        self._worker.start_load_kv(meta)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # start_load_kv loads every layer before the forward
+
+    def save_kv_layer(self, layer_name: str, kv_layer: "torch.Tensor",
+                      attn_metadata: "AttentionMetadata", **kwargs: Any) -> None:
+        return  # wait_for_save copies every layer's blocks out after the forward
+
+    @_guarded(_none)
+    def wait_for_save(self) -> None:
+        if self._worker is None or not self.has_connector_metadata():
+            return
+        meta = self._get_connector_metadata()
+        if isinstance(meta, KVKeeperConnectorMetadata):
+            self._worker.wait_for_save(meta)
+
+    @_guarded(_no_finished)
+    def get_finished(self, finished_req_ids: set[str]) -> Tuple[Optional[set], Optional[set]]:
+        # Saves copy their blocks out within the step: nothing is ever pending.
+        return None, None
+
+    @_guarded(_no_errors)
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        if self._worker is None:
+            return set()
+        return self._worker.take_load_errors()
+
+    @_guarded(_none)
+    def build_connector_worker_meta(self) -> Optional[KVConnectorWorkerMetadata]:
+        if self._worker is None:
+            return None
+        return self._worker.build_worker_meta()
+
+    @_guarded(_none)
+    def get_kv_connector_stats(self) -> "Optional[KVConnectorStats]":
+        side = self._worker if self._worker is not None else self._sched
+        return side.take_stats() if side is not None else None
+
+    @_guarded(_none)
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown()
+        if self._sched is not None:
+            self._sched.shutdown()
+
+    # ==============================
+    # Scheduler-side methods
+    # ==============================
+
+    @_guarded(_none)
+    def on_new_request(self, request: "Request") -> None:
+        if self._sched is not None:
+            self._sched.on_new_request(request)
+
+    @_guarded(_miss)
+    def get_num_new_matched_tokens(self, request: "Request",
+                                   num_computed_tokens: int) -> Tuple[Optional[int], bool]:
+        if self._sched is None:
+            return 0, False
+        return self._sched.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    @_guarded(_none)
+    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
+                                 num_external_tokens: int) -> None:
+        if self._sched is not None:
+            self._sched.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    @_guarded(_empty_meta)
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+        if self._sched is None:
+            return KVKeeperConnectorMetadata()
+        return self._sched.build_connector_meta(scheduler_output,
+                                                self._block_ids_getter(scheduler_output))
+
+    def _block_ids_getter(self, so: Any) -> Callable[[str], Optional[Sequence[int]]]:
+        state = getattr(so, "kv_connector_block_state", None)
+        manager = self._kv_cache_manager
+
+        def get(req_id: str) -> Optional[Sequence[int]]:
+            ids = state.get_block_ids(req_id) if state is not None else None
+            if ids is None and manager is not None:
+                ids = manager.get_block_ids(req_id)
+            return ids[0] if ids else None
+
+        return get
+
+    @_guarded(_none)
+    def update_connector_output(self, connector_output: Any) -> None:
+        if self._sched is not None:
+            self._sched.update_connector_output(connector_output)
+
+    @_guarded(_not_delayed)
+    def request_finished(self, request: "Request",
+                         block_ids: List[int]) -> Tuple[bool, Optional[Dict[str, Any]]]:
+        if self._sched is None:
+            return False, None
+        return False, self._sched.request_finished(request)
+
+    # ==============================
+    # Stats
+    # ==============================
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: Optional[Dict[str, Any]] = None
+                                 ) -> "Optional[KVConnectorStats]":
+        return KVKeeperStats(data=dict(data) if data else {})
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: "VllmConfig", metric_types: Any,
+                           labelnames: List[str],
+                           per_engine_labelvalues: Dict[int, List[object]]) -> Any:
+        return KVKeeperPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)

@@ -1,0 +1,146 @@
+"""The KV layout of one TP rank and the namespace descriptor derived from it.
+
+Scheduler and worker derive the same `KVLayout` from the same inputs
+(vllm_config + kv_cache_config), so they register the same namespace without
+talking to each other; the worker then checks its real KV tensors against it
+(blocks.BlockCodec). Only what changes the bytes of a block goes in:
+
+* block_tokens: tokens per vLLM block (cache_config.block_size);
+* per layer, the logical page [H, N, C] vLLM's attention backends index
+  (H head slots, N = block_tokens, C content bytes per head and token);
+* the layer names, in the KV cache group's order (the block's byte order);
+* dtype (the cache element type, plus the cache dtype when quantised);
+* the backend's physical layout name (e.g. "LBHNC"), conservatively: two
+  engines whose backends store pages differently never share blocks.
+
+A block is serialised as layer 0's page, then layer 1's, ..., each in logical
+[H, N, C] order; block_bytes = layers * H * N * C. This module reads vLLM's
+config objects by attribute only and imports neither torch nor vLLM.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+__all__ = ["KVLayout", "UnsupportedLayout", "layout_from_config", "namespace_descriptor",
+           "parallel_ranks"]
+
+LAYOUT_VERSION = "kvk1"
+
+
+class UnsupportedLayout(ValueError):
+    """The engine's KV cache cannot be described as kvkeeper blocks."""
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    layer_names: Tuple[str, ...]
+    num_heads: int            # H: head slots per page
+    block_tokens: int         # N: tokens per block
+    content_bytes: int        # C: bytes per (head slot, token)
+    dtype: str                # e.g. "float32", "bfloat16", "uint8/fp8_e4m3"
+    physical: str             # the backend's physical layout name, e.g. "LBHNC"
+    spec_kind: str            # e.g. "FullAttentionSpec"
+
+    @property
+    def layer_bytes(self) -> int:
+        return self.num_heads * self.block_tokens * self.content_bytes
+
+    @property
+    def block_bytes(self) -> int:
+        return self.layer_bytes * len(self.layer_names)
+
+    def layout_string(self) -> str:
+        """The namespace's kv_layout: version, physical layout, spec kind and page shape."""
+        return (f"{LAYOUT_VERSION}:{self.physical}:{self.spec_kind}:L{len(self.layer_names)}"
+                f"xH{self.num_heads}xN{self.block_tokens}xC{self.content_bytes}B")
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def parallel_ranks(vllm_config: Any) -> Tuple[int, int]:
+    """(tp_size, other) where other > 1 means a parallelism kvkeeper does not
+    support (pipeline, prefill/decode context parallel)."""
+    pc = vllm_config.parallel_config
+    tp = int(getattr(pc, "tensor_parallel_size", 1) or 1)
+    other = 1
+    for name in ("pipeline_parallel_size", "decode_context_parallel_size",
+                 "prefill_context_parallel_size"):
+        other *= int(getattr(pc, name, 1) or 1)
+    return tp, other
+
+
+def layout_from_config(vllm_config: Any, kv_cache_config: Any) -> KVLayout:
+    """The layout of this engine's KV cache, or UnsupportedLayout saying why not."""
+    tp, other = parallel_ranks(vllm_config)
+    if other != 1:
+        raise UnsupportedLayout("pipeline or context parallelism is not supported; "
+                                "only tensor parallelism")
+    if kv_cache_config is None:
+        raise UnsupportedLayout("no KV cache config was given to the connector")
+    groups = list(getattr(kv_cache_config, "kv_cache_groups", []) or [])
+    if len(groups) != 1:
+        raise UnsupportedLayout(f"{len(groups)} KV cache groups; kvkeeper supports models with "
+                                "exactly one (no hybrid / sliding-window-only / mamba groups)")
+    group = groups[0]
+    spec = group.kv_cache_spec
+    kind = type(spec).__name__
+    for attr in ("num_heads", "state_content_size_bytes", "block_size", "dtype"):
+        if not hasattr(spec, attr):
+            raise UnsupportedLayout(f"KV cache spec {kind} has no {attr}; only attention "
+                                    "caches are supported")
+    if getattr(spec, "tokens_per_state", 1) != 1:
+        raise UnsupportedLayout(f"{kind} stores {spec.tokens_per_state} tokens per state; "
+                                "only one state per token is supported")
+    if getattr(group, "enable_kv_transfer", True) is False:
+        raise UnsupportedLayout("the KV cache group has KV transfer disabled")
+    names = tuple(group.layer_names)
+    if not names:
+        raise UnsupportedLayout("the KV cache group has no layers")
+    block_size = int(spec.block_size)
+    cache_block_size = getattr(getattr(vllm_config, "cache_config", None), "block_size", None)
+    if cache_block_size and int(cache_block_size) != block_size:
+        raise UnsupportedLayout(f"cache block size {cache_block_size} differs from the KV cache "
+                                f"spec's {block_size}")
+    dtype = _dtype_name(spec.dtype)
+    cache_dtype = str(getattr(vllm_config.cache_config, "cache_dtype", "auto") or "auto")
+    if cache_dtype not in ("auto", dtype):
+        dtype = f"{dtype}/{cache_dtype}"
+    physical = (getattr(kv_cache_config, "kv_cache_layout", None)
+                or getattr(vllm_config.cache_config, "kv_cache_layout", None) or "default")
+    return KVLayout(layer_names=names, num_heads=int(spec.num_heads), block_tokens=block_size,
+                    content_bytes=int(spec.state_content_size_bytes), dtype=dtype,
+                    physical=str(physical), spec_kind=kind)
+
+
+def namespace_descriptor(vllm_config: Any, layout: KVLayout, *, tp_rank: int, tp_size: int,
+                         model_id: Optional[str] = None,
+                         model_revision: Optional[str] = None) -> Dict[str, Any]:
+    """The NamespaceDescriptor (as a dict) of one TP rank.
+
+    model_id defaults to the model name or path vLLM was started with, and the
+    revision to its revision plus the quantisation method: weights that differ
+    produce different KV for the same tokens. Override both (extra config
+    kvkeeper_model_id / kvkeeper_model_revision) when instances load the same
+    weights from different paths.
+    """
+    mc = vllm_config.model_config
+    if model_id is None:
+        model_id = str(getattr(mc, "model", "") or "")
+    if model_revision is None:
+        model_revision = str(getattr(mc, "revision", None) or "")
+        quant = getattr(mc, "quantization", None)
+        if quant:
+            model_revision = f"{model_revision}+{quant}"
+    return {
+        "model_id": model_id,
+        "model_revision": model_revision,
+        "dtype": layout.dtype,
+        "kv_layout": layout.layout_string(),
+        "block_tokens": layout.block_tokens,
+        "block_bytes": layout.block_bytes,
+        "tp_rank": int(tp_rank),
+        "tp_size": int(tp_size),
+    }

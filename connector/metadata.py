@@ -1,0 +1,71 @@
+"""What the scheduler-side connector tells the workers each step, and back.
+
+Scheduler -> workers (KVKeeperConnectorMetadata, one per step):
+  loads: blocks the scheduler promised vLLM (a hit), by key, and the vLLM
+         block ids that receive them; the worker loads them before the forward.
+  saves: full blocks that this step computes, by key, and their vLLM block
+         ids; the worker copies them out after the forward and stores them.
+Keys are per TP rank (keys[rank]): every rank has its own namespace.
+
+Workers -> scheduler (KVKeeperWorkerMetadata): which loads finished and
+whether a rank found bad blocks, so the scheduler releases its lease at once
+(discarding corrupt blocks) instead of at the end of the request.
+
+All of it is plain data: it is pickled between processes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Tuple
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorMetadata,
+                                                               KVConnectorWorkerMetadata)
+
+__all__ = ["LoadSpec", "SaveSpec", "KVKeeperConnectorMetadata", "KVKeeperWorkerMetadata"]
+
+
+@dataclass
+class LoadSpec:
+    req_id: str
+    keys: Tuple[Tuple[bytes, ...], ...]   # [tp_rank][i]: key of the i-th block to load
+    block_ids: Tuple[int, ...]            # vLLM block receiving block i
+    load_id: int = 0                      # names the load in KVKeeperWorkerMetadata
+
+    def num_blocks(self) -> int:
+        return len(self.block_ids)
+
+
+@dataclass
+class SaveSpec:
+    req_id: str
+    keys: Tuple[Tuple[bytes, ...], ...]   # [tp_rank][i]
+    block_ids: Tuple[int, ...]            # vLLM block holding block i after this step
+
+    def num_blocks(self) -> int:
+        return len(self.block_ids)
+
+
+@dataclass
+class KVKeeperConnectorMetadata(KVConnectorMetadata):
+    loads: List[LoadSpec] = field(default_factory=list)
+    saves: List[SaveSpec] = field(default_factory=list)
+
+    def is_empty(self) -> bool:
+        return not self.loads and not self.saves
+
+
+@dataclass
+class KVKeeperWorkerMetadata(KVConnectorWorkerMetadata):
+    # load_id -> {tp_rank: True if that rank found corrupt blocks}
+    loads_done: Dict[int, Dict[int, bool]] = field(default_factory=dict)
+    # tp_rank -> why that worker cannot load (its KV tensors do not match)
+    disabled: Dict[int, str] = field(default_factory=dict)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> "KVKeeperWorkerMetadata":
+        if isinstance(other, KVKeeperWorkerMetadata):
+            for load_id, ranks in other.loads_done.items():
+                mine = self.loads_done.setdefault(load_id, {})
+                for rank, bad in ranks.items():
+                    mine[rank] = mine.get(rank, False) or bad
+            self.disabled.update(other.disabled)
+        return self

@@ -1,0 +1,111 @@
+"""Lease releases, off vLLM's hot path and never lost to a transient fault.
+
+A lease pins its blocks in the daemon until released, and a live session
+(heartbeats keep it alive) never gives them back by itself: a release that
+is silently dropped leaks pinned capacity. So releases go to one background
+thread that retries transport failures for up to `give_up_s`; a release the
+daemon answers NOT_FOUND / FAILED_PRECONDITION is done (the lease is already
+gone: released, or its session ended with a daemon restart).
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Optional, Tuple
+
+from kvkeeper.client import KVKeeperClientError
+
+from .link import DaemonLink, LinkDown, is_transport_failure
+
+__all__ = ["Releaser"]
+
+log = logging.getLogger("kvkeeper.connector")
+
+_STOP = object()
+
+
+class Releaser:
+    def __init__(self, link: DaemonLink, give_up_s: float = 60.0, retry_s: float = 0.5) -> None:
+        self._link = link
+        self._give_up_s = give_up_s
+        self._retry_s = retry_s
+        self._q: "queue.Queue[object]" = queue.Queue()
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._pending = 0
+        self.released = 0
+        self.failed = 0
+
+    def release(self, lease_id: Optional[int], discard: bool = False) -> None:
+        """Queue Release(lease_id, discard); returns at once."""
+        if not lease_id:
+            return
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=f"{self._link.name}-release",
+                                                daemon=True)
+                self._thread.start()
+            self._pending += 1
+            self._idle.clear()
+        self._q.put((int(lease_id), bool(discard), time.monotonic()))
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every queued release is done; False on timeout."""
+        return self._idle.wait(timeout)
+
+    def close(self, timeout: float = 2.0) -> None:
+        self.flush(timeout)
+        with self._lock:
+            if self._thread is not None:
+                self._q.put(_STOP)
+
+    def _done(self) -> None:
+        with self._lock:
+            self._pending -= 1
+            if self._pending == 0:
+                self._idle.set()
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is _STOP:
+                return
+            lease_id, discard, queued = item  # type: ignore[misc]
+            try:
+                self._release(lease_id, discard, queued)
+            finally:
+                self._done()
+
+    def _release(self, lease_id: int, discard: bool, queued: float) -> None:
+        while True:
+            err: Optional[BaseException]
+            try:
+                self._link.call(lambda c: c.release(lease_id, discard=discard), "release")
+                self.released += 1
+                return
+            except LinkDown as e:
+                err = e
+            except KVKeeperClientError as e:
+                if not is_transport_failure(e):
+                    log.debug("kvkeeper: lease %d already gone: %s", lease_id, e)
+                    return
+                err = e
+            except Exception as e:  # noqa: BLE001 - keep the thread alive
+                if not is_transport_failure(e):
+                    log.warning("kvkeeper: releasing lease %d failed: %s", lease_id, e)
+                    self.failed += 1
+                    return
+                err = e
+            if time.monotonic() - queued > self._give_up_s:
+                log.warning("kvkeeper: gave up releasing lease %d after %.0f s (%s); the daemon "
+                            "frees it when this session ends", lease_id, self._give_up_s, err)
+                self.failed += 1
+                return
+            time.sleep(self._retry_s)
+
+    def stats(self) -> Tuple[int, int]:
+        return self.released, self.failed

@@ -1,0 +1,266 @@
+"""Helpers of the connector tests: a daemon subprocess, an engine subprocess, and
+direct access to stored blocks (to corrupt or rewrite them).
+
+Engines run `engine_script.py` with this interpreter, so vLLM must import
+here; `vllm_unavailable()` says why not (the tests skip with that reason).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import grpc
+
+HERE = Path(__file__).resolve().parent
+ENGINE_SCRIPT = HERE / "engine_script.py"
+PREFIX = "KVKTEST "
+
+
+@functools.lru_cache(maxsize=None)
+def vllm_unavailable() -> Optional[str]:
+    """None when `import vllm` (and torch) works in this interpreter, else why not.
+
+    Checked in a subprocess: importing vLLM here would slow every other test
+    and a broken install (e.g. a torchvision that does not match torch) only
+    shows on import.
+    """
+    try:
+        r = subprocess.run([sys.executable, "-c", "import torch, vllm"], capture_output=True,
+                           text=True, timeout=300)
+    except Exception as e:  # noqa: BLE001
+        return f"cannot run {sys.executable}: {e}"
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["?"])[-1]
+        return f"`import vllm` fails in {sys.executable}: {last}"
+    return None
+
+
+def short_tmpdir() -> str:
+    # unix socket paths are limited to 108 bytes
+    return tempfile.mkdtemp(prefix="kvkc-", dir="/tmp")
+
+
+# ---------------------------------------------------------------- daemon
+
+
+class DaemonProcess:
+    """`kvkeeper serve` on a unix socket, as a subprocess that tests may kill."""
+
+    def __init__(self, socket_path: str, capacity: str = "128MiB", page: str = "64KiB",
+                 log_path: Optional[str] = None) -> None:
+        self.socket_path = socket_path
+        self.url = f"unix://{socket_path}"
+        self.capacity = capacity
+        self.page = page
+        self.log_path = log_path or socket_path + ".log"
+        self.proc: Optional[subprocess.Popen] = None
+        self.shm_names: List[str] = []
+
+    def start(self, timeout: float = 30.0) -> "DaemonProcess":
+        name = f"kvkeeper-test-{uuid.uuid4().hex[:12]}"
+        self.shm_names.append(name)
+        log = open(self.log_path, "a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kvkeeper.server.cli", "serve", "--socket", self.socket_path,
+             "--tcp", "", "--metrics", "", "--capacity", self.capacity, "--page-size", self.page,
+             "--set", f"host_tier.name={name}"],
+            stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited with {self.proc.returncode}: "
+                                   f"{Path(self.log_path).read_text()[-2000:]}")
+            try:
+                self.stats()
+                return self
+            except grpc.RpcError:
+                time.sleep(0.1)
+        raise RuntimeError("daemon did not start in time")
+
+    def stats(self) -> Any:
+        from kvkeeper.v1 import kvkeeper_pb2 as pb
+        from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
+
+        with grpc.insecure_channel(f"unix:{self.socket_path}") as ch:
+            return pb_grpc.KVKeeperStub(ch).Stats(pb.StatsRequest(), timeout=2.0)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    def cleanup(self) -> None:
+        self.stop()
+        for name in self.shm_names:  # a killed daemon leaves its segment behind
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except FileNotFoundError:
+                pass
+
+
+# ---------------------------------------------------------------- engine
+
+
+class EngineProcess:
+    """engine_script.py in a subprocess, driven one JSON line at a time."""
+
+    def __init__(self, model_dir: str, url: str = "", log_path: Optional[str] = None,
+                 env: Optional[Dict[str, str]] = None, ready_timeout: float = 300.0) -> None:
+        cmd = [sys.executable, str(ENGINE_SCRIPT), "--model", model_dir]
+        if url:
+            cmd += ["--url", url, "--report"]
+        self.log_path = log_path or os.path.join(model_dir, f"engine-{uuid.uuid4().hex[:6]}.log")
+        full_env = dict(os.environ)
+        full_env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        full_env.update(env or {})
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self._log, text=True, env=full_env,
+                                     start_new_session=True)
+        self._lines: "queue.Queue[Optional[str]]" = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        first = self._read(ready_timeout)
+        if not first.get("ready"):
+            raise RuntimeError(f"engine did not start: {first}")
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(PREFIX):
+                self._lines.put(line[len(PREFIX):])
+            else:
+                self._log.write(line)
+        self._lines.put(None)
+
+    def _read(self, timeout: float) -> Dict[str, Any]:
+        try:
+            line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError(f"no answer from the engine in {timeout} s; log "
+                               f"{self.log_path}") from None
+        if line is None:
+            self._log.flush()
+            raise RuntimeError(f"engine exited ({self.proc.poll()}); log tail:\n"
+                               f"{Path(self.log_path).read_text()[-4000:]}")
+        return json.loads(line)
+
+    def send(self, **cmd: Any) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+
+    def call(self, timeout: float = 120.0, **cmd: Any) -> Dict[str, Any]:
+        self.send(**cmd)
+        return self.result(timeout)
+
+    def result(self, timeout: float = 120.0) -> Dict[str, Any]:
+        out = self._read(timeout)
+        if "error" in out:
+            raise RuntimeError(f"engine error: {out['error']}\n{out.get('traceback', '')}")
+        return out
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int,
+                 timeout: float = 120.0) -> Dict[str, Any]:
+        return self.call(timeout, cmd="generate", prompts=[list(p) for p in prompts],
+                         max_tokens=max_tokens)
+
+    def metrics(self) -> Dict[str, float]:
+        return self.call(cmd="metrics")["metrics"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.call(timeout=30, cmd="exit")
+            except Exception:  # noqa: BLE001
+                pass
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._log.close()
+
+
+# ---------------------------------------------------------------- stored blocks
+
+
+def report_keys(report: Dict[str, Any], tokens: Sequence[int]) -> List[bytes]:
+    """The keys of the full blocks of `tokens`, from a request's kvkeeper report."""
+    from kvkeeper.connector.keys import chain_keys
+
+    info = report["kvkeeper"]
+    return chain_keys(bytes.fromhex(info["seed"]), list(tokens), int(info["block_tokens"]))
+
+
+def corrupt_stored_block(socket_path: str, namespace: Dict[str, Any], key: bytes,
+                         offset_in_block: int = 1000) -> str:
+    """Flip one byte of the stored block `key` directly in the daemon's arena
+    file (found through Match + Load extents); the daemon keeps the checksum
+    it was given at commit. Returns the arena path."""
+    from kvkeeper.v1 import kvkeeper_pb2 as pb
+    from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(f"unix:{socket_path}") as ch:
+        stub = pb_grpc.KVKeeperStub(ch)
+        reg = stub.RegisterSession(pb.RegisterSessionRequest(
+            instance_id="test-corrupter", namespace=pb.NamespaceDescriptor(**namespace)), timeout=5)
+        sid = reg.session_id
+        try:
+            m = stub.Match(pb.MatchRequest(session_id=sid, keys=[key], lease=True), timeout=5)
+            assert m.matched == 1, "the block to corrupt is not stored"
+            ld = stub.Load(pb.LoadRequest(session_id=sid, lease_id=m.lease_id), timeout=5)
+            ext = ld.blocks[0].extents[0]
+            assert offset_in_block < ext.length
+            with open(reg.arena.path, "r+b") as f:
+                f.seek(ext.offset + offset_in_block)
+                b = f.read(1)
+                f.seek(ext.offset + offset_in_block)
+                f.write(bytes([b[0] ^ 0xFF]))
+            stub.Release(pb.ReleaseRequest(session_id=sid, lease_id=m.lease_id), timeout=5)
+        finally:
+            stub.CloseSession(pb.CloseSessionRequest(session_id=sid), timeout=5)
+    return reg.arena.path
+
+
+def rewrite_stored_blocks(url: str, namespace: Dict[str, Any], keys: Sequence[bytes],
+                          transform: Callable[[int, bytes], bytes]) -> int:
+    """Replace the stored blocks `keys` with transform(i, old bytes), through
+    the client (so the new checksums are right): load, discard, save again.
+    Returns how many blocks were rewritten."""
+    from kvkeeper.client import Client
+
+    c = Client.connect(url, namespace, instance_id="test-rewriter", timeout=5.0)
+    try:
+        m = c.match(list(keys), lease=True)
+        assert m.matched == len(keys), f"only {m.matched} of {len(keys)} blocks are stored"
+        old = c.load(m.lease_id)
+        c.release(m.lease_id, discard=True)
+        assert c.match(list(keys)).matched == 0, "the old blocks were not dropped"
+        new = [transform(i, bytes(b)) for i, b in enumerate(old)]
+        assert all(len(n) == len(o) for n, o in zip(new, old))
+        res = c.save(list(keys), new)
+        assert res.committed == len(keys), res
+        return res.committed
+    finally:
+        c.close()

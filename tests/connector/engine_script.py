@@ -1,0 +1,110 @@
+"""One vLLM engine (CPU, tiny dummy Llama) driven line by line, for the connector tests.
+
+Run as `python engine_script.py --model DIR [--url URL] [--report]`. It starts
+an `LLM` (with KVKeeperConnector when --url is given), prints
+`KVKTEST {"ready": true}` and then answers one JSON command per stdin line
+with one `KVKTEST <json>` line on stdout (vLLM's own logs go to stderr/stdout
+too; the prefix tells them apart):
+
+  {"cmd": "generate", "prompts": [[ids], ...], "max_tokens": n}
+      -> {"outputs": [[ids], ...], "reports": [kv_transfer_params, ...]}
+  {"cmd": "reset_prefix_cache"}   -> {"ok": true}   (forget vLLM's own cache)
+  {"cmd": "metrics"}              -> {"metrics": {name: value}} (kvkeeper and
+                                     external prefix cache counters)
+  {"cmd": "exit"}
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+
+PREFIX = "KVKTEST "
+
+
+def write_tiny_llama(path: str) -> None:
+    """A 2-layer Llama config; weights are vLLM's seeded dummy weights."""
+    os.makedirs(path, exist_ok=True)
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+           "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 4096,
+           "rms_norm_eps": 1e-5, "torch_dtype": "float32", "bos_token_id": 1,
+           "eos_token_id": 2, "tie_word_embeddings": False, "rope_theta": 10000.0,
+           "hidden_act": "silu"}
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+
+
+def reply(obj: dict) -> None:
+    sys.stdout.write(PREFIX + json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def metrics(llm) -> dict:
+    out: dict = {}
+    for m in llm.get_metrics():
+        name = getattr(m, "name", "")
+        if not (name.startswith("vllm:kvkeeper_") or name.startswith("vllm:external_prefix")):
+            continue
+        value = getattr(m, "value", None)
+        if isinstance(value, (int, float)):
+            out[name] = out.get(name, 0) + value
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--url", default="")
+    ap.add_argument("--report", action="store_true")
+    ap.add_argument("--block-size", type=int, default=32)
+    args = ap.parse_args()
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if not os.path.exists(os.path.join(args.model, "config.json")):
+        write_tiny_llama(args.model)
+
+    from vllm import LLM, SamplingParams
+
+    kw = {}
+    if args.url:
+        extra = {"kvkeeper_url": args.url, "kvkeeper_report": args.report,
+                 "kvkeeper_reconnect_max_s": 2.0}
+        kw["kv_transfer_config"] = {"kv_connector": "KVKeeperConnector",
+                                    "kv_connector_module_path": "kvkeeper.connector",
+                                    "kv_role": "kv_both", "kv_connector_extra_config": extra}
+    llm = LLM(model=args.model, load_format="dummy", skip_tokenizer_init=True,
+              block_size=args.block_size, max_model_len=2048, dtype="float32",
+              enforce_eager=True, disable_log_stats=False, seed=0, **kw)
+    reply({"ready": True})
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            cmd = json.loads(line)
+            op = cmd["cmd"]
+            if op == "exit":
+                reply({"ok": True})
+                break
+            if op == "generate":
+                sp = SamplingParams(temperature=0, max_tokens=int(cmd["max_tokens"]),
+                                    ignore_eos=True)
+                outs = llm.generate([{"prompt_token_ids": p} for p in cmd["prompts"]], sp,
+                                    use_tqdm=False)
+                reply({"outputs": [list(o.outputs[0].token_ids) for o in outs],
+                       "reports": [o.kv_transfer_params for o in outs]})
+            elif op == "reset_prefix_cache":
+                reply({"ok": bool(llm.reset_prefix_cache())})
+            elif op == "metrics":
+                reply({"metrics": metrics(llm)})
+            else:
+                reply({"error": f"unknown command {op!r}"})
+        except Exception as e:  # report, keep serving
+            reply({"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""Smoke tests of `kvkeeper bench`: each benchmark runs in --quick mode and its
+JSON has the documented shape. No timing is asserted: these run on shared CI
+machines; the figures themselves are for people to read."""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+
+from kvkeeper.server import bench
+from kvkeeper.server.bench import control_bench, data_bench, ledger_bench
+from kvkeeper.server.bench.result import Result, parse_target, percentile, render_table
+from kvkeeper.server.cli import main as cli_main
+
+KEYS = {"name", "group", "value", "unit", "baseline_name", "baseline_value", "ratio", "better",
+        "target", "target_of", "meets_target", "params", "note"}
+
+
+def check_shape(items: list, group: str, expect_names: set[str]) -> None:
+    assert isinstance(items, list) and items
+    names = [r["name"] for r in items]
+    assert len(names) == len(set(names)), "result names are unique"
+    assert expect_names <= set(names), expect_names - set(names)
+    for r in items:
+        assert set(r) == KEYS, r
+        assert r["group"] == group and r["name"].startswith(group + ".")
+        assert isinstance(r["value"], float) and math.isfinite(r["value"]) and r["value"] > 0, r
+        assert isinstance(r["baseline_value"], float) and r["baseline_value"] > 0, r
+        assert r["baseline_name"] and r["unit"]
+        assert r["ratio"] == pytest.approx(r["value"] / r["baseline_value"])
+        assert r["better"] in ("lower", "higher")
+        assert r["target_of"] in ("ratio", "value")
+        assert isinstance(r["params"], dict)
+        if r["target"] is None:
+            assert r["meets_target"] is None
+        else:
+            op, bound = parse_target(r["target"])
+            assert isinstance(r["meets_target"], bool)
+            subject = r["ratio"] if r["target_of"] == "ratio" else r["value"]
+            assert r["meets_target"] == {"<=": subject <= bound, ">=": subject >= bound,
+                                         "<": subject < bound, ">": subject > bound}[op]
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> list:
+    rc = cli_main(["bench", *argv, "--quick", "--json", "-q"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    return json.loads(out)
+
+
+def test_ledger_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    items = run_cli(capsys, "ledger")
+    check_shape(items, "ledger", {
+        "ledger.match_ns_per_block.10k", "ledger.match_ns_per_block.100k",
+        "ledger.evict_ns_per_block.10k", "ledger.evict_ns_per_block.100k",
+        "ledger.evict_flatness.100k_vs_10k", "ledger.memory_bytes_per_block.100k"})
+    by = {r["name"]: r for r in items}
+    assert by["ledger.evict_flatness.100k_vs_10k"]["target"] is not None
+    mem = by["ledger.memory_bytes_per_block.100k"]
+    assert mem["target_of"] == "value" and mem["unit"] == "B/block"
+    # The flatness result is the largest size's evict figure against the smallest's.
+    flat = by["ledger.evict_flatness.100k_vs_10k"]
+    assert flat["value"] == by["ledger.evict_ns_per_block.100k"]["value"]
+    assert "10k" in flat["baseline_name"]
+
+
+def test_control_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    items = run_cli(capsys, "control")
+    names = {f"control.match.{m}.c{c}" for m in ("p50_us", "p99_us", "ops_per_s") for c in (1, 16)}
+    check_shape(items, "control", names)
+    by = {r["name"]: r for r in items}
+    assert by["control.match.p50_us.c1"]["target"] == "<= 1.5"
+    assert by["control.match.ops_per_s.c16"]["better"] == "higher"
+
+
+def test_data_quick(capsys: pytest.CaptureFixture[str], tmp_path: "os.PathLike[str]") -> None:
+    out = os.path.join(str(tmp_path), "data.json")
+    rc = cli_main(["bench", "data", "--quick", "-q", "--out", out])
+    table = capsys.readouterr().out
+    assert rc == 0
+    assert "data.shm.save_gbps.256KiB" in table and "targets met" in table
+    with open(out) as fh:
+        items = json.load(fh)
+    names = {f"data.{k}.{d}_gbps.{s}" for k in ("shm", "stream", "shm_crc32")
+             for d in ("save", "load") for s in ("256KiB", "1MiB", "4MiB")}
+    check_shape(items, "data", names)
+    by = {r["name"]: r for r in items}
+    assert by["data.shm.load_gbps.1MiB"]["target"] == ">= 0.6"
+    assert by["data.stream.save_gbps.4MiB"]["target"] == ">= 0.8"
+    assert by["data.shm_crc32.load_gbps.4MiB"]["target"] is None
+
+
+def test_usage_errors() -> None:
+    assert bench.main(["nope"]) == 2
+    assert bench.main([]) == 2
+    assert bench.main(["--help"]) == 0
+
+
+def test_result_math_and_table() -> None:
+    r = Result(name="x.lat", value=3.0, unit="us", baseline_name="b", baseline_value=2.0,
+               better="lower", target="<= 1.5")
+    assert r.ratio == 1.5 and r.meets_target is True and r.group == "x"
+    r = Result(name="x.rate", value=1.0, unit="GB/s", baseline_name="b", baseline_value=2.0,
+               better="higher", target=">= 0.6")
+    assert r.ratio == 0.5 and r.meets_target is False
+    r = Result(name="x.mem", value=250.0, unit="B", baseline_name="b", baseline_value=100.0,
+               better="lower", target="<= 300", target_of="value")
+    assert r.meets_target is True
+    info = Result(name="x.i", value=1.0, unit="u", baseline_name="b", baseline_value=1.0,
+                  better="lower")
+    assert info.target is None and info.meets_target is None
+    text = render_table([r, info])
+    assert "x.mem" in text and "1/1 targets met" in text
+    with pytest.raises(ValueError):
+        parse_target("about 2")
+    with pytest.raises(ValueError):
+        Result(name="x", value=1, unit="u", baseline_name="b", baseline_value=1, better="up")
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([5], 99) == 5
+
+
+def test_scales_are_consistent() -> None:
+    for quick in (True, False):
+        ls = ledger_bench.Scale.for_mode(quick)
+        assert ls.memory_blocks in ls.sizes
+        cs = control_bench.Scale.for_mode(quick)
+        assert set(cs.calls) == set(cs.concurrency)
+        ds = data_bench.Scale.for_mode(quick)
+        assert all(ds.move_bytes % b == 0 and b % data_bench.PAGE_BYTES == 0
+                   for b in ds.block_sizes)
