@@ -50,6 +50,22 @@ log = logging.getLogger("kvkeeper.connector")
 _LOG_EVERY_S = 30.0
 
 
+def _adopt_vllm_logging() -> None:
+    """Print kvkeeper's logs (connector and client) through vLLM's handler, with
+    its format and level, unless the application configured "kvkeeper" itself."""
+    ours = logging.getLogger("kvkeeper")
+    theirs = logging.getLogger("vllm")
+    if ours.handlers or not theirs.handlers:
+        return
+    for h in theirs.handlers:
+        ours.addHandler(h)
+    if ours.level == logging.NOTSET:
+        ours.setLevel(theirs.level)
+
+
+_adopt_vllm_logging()
+
+
 def _guarded(fallback: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Run the hook; on any exception log it (at most every 30 s per hook) and
     return fallback(self, *args)."""

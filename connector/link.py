@@ -80,6 +80,7 @@ class DaemonLink:
         self._not_before = 0.0      # no attempt (connect or call) before this time
         self._delay = reconnect_min_s
         self._failing = False       # for logging: warn once per outage
+        self._attempted = False     # only the very first connect may block its caller
 
     # ---- state
 
@@ -151,9 +152,11 @@ class DaemonLink:
     def client(self, wait: bool = True) -> Any:
         """The connected client, or LinkDown.
 
-        With no client yet and an attempt due: wait=True connects in this
-        thread (bounded by the timeout); wait=False starts a background
-        attempt and raises LinkDown.
+        With no client yet and an attempt due: the first attempt ever, with
+        wait=True, connects in this thread (bounded by the timeout), so the
+        first request after start-up can already hit; every other attempt
+        runs in the background and this call raises LinkDown, so a daemon
+        that is down or black-holed never stalls vLLM's loop for long.
         """
         with self._lock:
             if self._closed:
@@ -166,6 +169,8 @@ class DaemonLink:
             if self._connecting:
                 raise LinkDown("connecting to the daemon")
             self._connecting = True
+            wait = wait and not self._attempted
+            self._attempted = True
         if wait:
             try:
                 return self._do_connect()

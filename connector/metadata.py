@@ -56,8 +56,8 @@ class KVKeeperConnectorMetadata(KVConnectorMetadata):
 
 @dataclass
 class KVKeeperWorkerMetadata(KVConnectorWorkerMetadata):
-    # load_id -> {tp_rank: True if that rank found corrupt blocks}
-    loads_done: Dict[int, Dict[int, bool]] = field(default_factory=dict)
+    # load_id -> {tp_rank: (leading blocks loaded, True if a block was corrupt)}
+    loads_done: Dict[int, Dict[int, Tuple[int, bool]]] = field(default_factory=dict)
     # tp_rank -> why that worker cannot load (its KV tensors do not match)
     disabled: Dict[int, str] = field(default_factory=dict)
 
@@ -65,7 +65,6 @@ class KVKeeperWorkerMetadata(KVConnectorWorkerMetadata):
         if isinstance(other, KVKeeperWorkerMetadata):
             for load_id, ranks in other.loads_done.items():
                 mine = self.loads_done.setdefault(load_id, {})
-                for rank, bad in ranks.items():
-                    mine[rank] = mine.get(rank, False) or bad
+                mine.update(ranks)   # each rank reports only its own entry
             self.disabled.update(other.disabled)
         return self

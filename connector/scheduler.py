@@ -186,7 +186,7 @@ class SchedulerSide:
         st.lease = None
         try:
             block_ids = list(blocks.get_block_ids()[0])
-            n = min(n, lease.blocks)
+            n = lease.blocks = min(n, lease.blocks)
             targets = tuple(block_ids[lease.start:lease.start + n])
             if len(targets) != n:
                 raise ValueError(f"request has {len(block_ids)} blocks, the load needs "
@@ -274,9 +274,26 @@ class SchedulerSide:
                 continue
             req_id, lease = entry
             st = self._reqs.get(req_id)
+            good = min((g for g, _ in ranks.values()), default=0)
+            corrupt = {r for r, (_, bad) in ranks.items() if bad}
             if st is not None:
                 st.loads.discard(load_id)
-            self._release(lease, {r for r, bad in ranks.items() if bad})
+                if st.saved_blocks is not None:
+                    if corrupt:
+                        # Release(discard) drops every block of the lease: save
+                        # them all again, the good ones from what was loaded and
+                        # the rest once vLLM has recomputed them.
+                        st.saved_blocks = min(st.saved_blocks, lease.start)
+                    elif good < lease.blocks:
+                        # vLLM recomputes from the first block that failed.
+                        st.saved_blocks = min(st.saved_blocks, lease.start + good)
+            self._release(lease, corrupt)
+            if corrupt:
+                # Rare: let the discard reach the daemon before this request's
+                # blocks are saved again (else they would find the corrupt
+                # block still present, skip it, and then see it dropped).
+                for r in corrupt:
+                    self.releasers[r].flush(self.cfg.lookup_timeout_s)
 
     def request_finished(self, request: Any) -> Optional[Dict[str, Any]]:
         """Release what the request still holds; the report for kv_transfer_params."""

@@ -145,7 +145,7 @@ class WorkerSide:
         self.disabled: Optional[str] = None
         self._disabled_reported = False
         self._invalid: Set[int] = set()
-        self._loads_done: Dict[int, Dict[int, bool]] = {}
+        self._loads_done: Dict[int, Dict[int, Tuple[int, bool]]] = {}
         self._saver: Optional[_Saver] = None
 
     # ---- set-up
@@ -203,7 +203,7 @@ class WorkerSide:
         if good and self.layout is not None:
             self.counters.inc("loaded_blocks", good)
             self.counters.inc("loaded_bytes", good * self.layout.block_bytes)
-        self._loads_done.setdefault(spec.load_id, {})[self.rank] = corrupt
+        self._loads_done.setdefault(spec.load_id, {})[self.rank] = (good, corrupt)
 
     def _load(self, spec: LoadSpec) -> Tuple[int, bool]:
         """Load spec's blocks; (leading blocks now in the KV cache, found corrupt)."""

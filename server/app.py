@@ -26,7 +26,9 @@ from .api.servicer import KVKeeperServicer
 from .config import Config
 from .ledger import Ledger
 from .metrics import Metrics
+from .sdnotify import notify as sd_notify
 from .tiers.arena import Arena
+from .tiers.disk_tier import DiskTier
 
 log = logging.getLogger("kvkeeper")
 
@@ -73,13 +75,25 @@ class Daemon:
             raise RuntimeError("arena holds fewer pages than the ledger plans for")
         self.metrics = Metrics()
         self.metrics.attach_ledger(self.ledger, self.started_at)
+        self.disk: Optional[DiskTier] = None
+        dt = config.disk_tier
+        if dt.path:
+            try:
+                self.disk = DiskTier.open(
+                    self.ledger, self.arena, path=dt.path, capacity_bytes=dt.capacity_bytes,
+                    write_policy=dt.write_policy, admit_after_hits=dt.admit_after_hits,
+                    owner_id=dt.owner_id)
+            except BaseException:
+                self.arena.close()
+                raise
+            self.metrics.attach_disk(self.disk)
         opts = [("grpc.max_send_message_length", config.server.max_message_bytes),
                 ("grpc.max_receive_message_length", config.server.max_message_bytes),
                 ("grpc.so_reuseport", 0)]
         self.server = grpc.aio.server(options=opts)
         self.servicer = KVKeeperServicer(
             self.ledger, self.arena, self.metrics, version=version(), started_at=self.started_at,
-            max_message_bytes=config.server.max_message_bytes)
+            max_message_bytes=config.server.max_message_bytes, disk=self.disk)
         kvkeeper_pb2_grpc.add_KVKeeperServicer_to_server(self.servicer, self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -117,11 +131,16 @@ class Daemon:
                  version(), self.socket_path, self.config.listen.tcp and f"port {self.port}",
                  self.config.metrics.address or "off", self.arena.path, self.arena.page_count,
                  self.arena.page_bytes, self.ledger.config.policy)
+        sd_notify(f"READY=1\nSTATUS=serving socket={self.socket_path or '-'} "
+                  f"tcp={self.config.listen.tcp and self.port or '-'}")
 
     async def _reap(self) -> None:
         while True:
             await asyncio.sleep(REAP_INTERVAL_S)
             try:
+                if self.disk is not None:
+                    self.disk.keep_alive()
+                    await self.disk.maintain()
                 report = self.ledger.expire(time.monotonic())
             except Exception:  # noqa: BLE001 - the reaper must outlive a bug report
                 log.exception("expiry failed")
@@ -136,11 +155,15 @@ class Daemon:
             return
         self._stopped = True
         grace = self.config.server.grace_seconds if grace is None else grace
+        sd_notify(f"STOPPING=1\nSTATUS=draining (grace {grace:g}s)")
         await self.health.enter_graceful_shutdown()
         self.servicer.serving = False
         if self._reaper:
             self._reaper.cancel()
         await self.server.stop(grace)
+        if self.disk is not None:
+            # Write-back: everything acknowledged reaches the disk before the arena goes.
+            await self.disk.close()
         # In-flight RPCs are done: nobody holds a view into the arena any more.
         self.arena.close()
         if self.socket_path and os.path.lexists(self.socket_path):

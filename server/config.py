@@ -112,6 +112,21 @@ class HostTierSection:
 
 
 @dataclass(frozen=True)
+class DiskTierSection:
+    path: str = _opt("", "path", "directory of the disk tier (local or a shared mount); \"\" disables")
+    capacity_bytes: int = _opt(0, "size", "bytes the disk tier may use; 0 means 90% of the "
+                               "filesystem's free space at start-up", min=0)
+    write_policy: str = _opt("write-through", "choice",
+                             "write-through: a save is acknowledged once on disk; write-back: "
+                             "acknowledged in the arena, flushed in the background",
+                             choices=("write-back", "write-through"))
+    admit_after_hits: int = _opt(0, "int", "write a block to disk only once it was hit this "
+                                 "many times (0: every block)", min=0, max=1 << 20)
+    owner_id: str = _opt("", "shm_name", "this daemon's name in a shared directory (pins, GC "
+                         "lock); \"\" means <hostname>-<pid>")
+
+
+@dataclass(frozen=True)
 class LedgerSection:
     eviction_policy: str = _opt("lru", "choice", "eviction order of unreferenced blocks",
                                 choices=tuple(sorted(POLICIES)))
@@ -140,6 +155,7 @@ class Config:
     listen: ListenSection = field(default_factory=ListenSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     host_tier: HostTierSection = field(default_factory=HostTierSection)
+    disk_tier: DiskTierSection = field(default_factory=DiskTierSection)
     ledger: LedgerSection = field(default_factory=LedgerSection)
     server: ServerSection = field(default_factory=ServerSection)
     # "section.key" -> where the value came from ("default", "environment variable ...").
@@ -178,6 +194,8 @@ CLI_FLAGS: dict[str, str] = {
     "metrics.address": "--metrics",
     "host_tier.capacity_bytes": "--capacity",
     "host_tier.page_bytes": "--page-size",
+    "disk_tier.path": "--disk-path",
+    "disk_tier.capacity_bytes": "--disk-capacity",
     "ledger.eviction_policy": "--policy",
     "server.log_level": "--log-level",
 }
@@ -532,8 +550,12 @@ def _resolve_paths(config: Config, cwd: str) -> Config:
     if sock:
         sock = os.path.normpath(os.path.join(cwd, os.path.expanduser(sock)))
     shm = os.path.normpath(os.path.join(cwd, os.path.expanduser(config.host_tier.shm_dir)))
+    disk = config.disk_tier.path
+    if disk:
+        disk = os.path.normpath(os.path.join(cwd, os.path.expanduser(disk)))
     return replace(config, listen=replace(config.listen, socket=sock),
-                   host_tier=replace(config.host_tier, shm_dir=shm))
+                   host_tier=replace(config.host_tier, shm_dir=shm),
+                   disk_tier=replace(config.disk_tier, path=disk))
 
 
 def _validate(c: Config, b: _Builder) -> None:

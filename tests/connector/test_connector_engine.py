@@ -1,0 +1,250 @@
+"""End to end on vLLM's CPU build: engines in their own processes sharing one daemon.
+
+Three engines start at once, each a subprocess running engine_script.py: a
+baseline without the connector, and A and B with KVKeeperConnector on the
+same daemon socket. The daemon is not running when they start (they must
+serve anyway), and is started afterwards as a `kvkeeper serve` subprocess so
+a test can kill and restart it. Every test uses its own random prompts, so
+vLLM's own prefix caches in A and B never answer for the daemon. Outputs are
+greedy tokens of a tiny Llama with seeded random weights (see
+engine_script.write_tiny_llama), compared with the baseline engine's.
+"""
+from __future__ import annotations
+
+import random
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional
+
+import numpy as np
+import pytest
+
+from connector_harness import (DaemonProcess, EngineProcess, corrupt_stored_block, report_keys,
+                               rewrite_stored_blocks, short_tmpdir, vllm_unavailable)
+
+pytestmark = pytest.mark.skipif(vllm_unavailable() is not None,
+                                reason=vllm_unavailable() or "")
+
+BS = 32
+STARTUP_S = 900.0
+
+
+def prompt(name: str, n: int) -> List[int]:
+    rng = random.Random(name)
+    return [rng.randrange(3, 500) for _ in range(n)]
+
+
+@dataclass
+class Cluster:
+    tmp: str
+    daemon: DaemonProcess
+    base: EngineProcess
+    a: EngineProcess
+    b: EngineProcess
+    no_daemon: Dict[str, Any] = field(default_factory=dict)
+    namespace: Optional[dict] = None
+    _client: Any = None
+
+    def client(self) -> Any:
+        from kvkeeper.client import Client
+
+        if self._client is None:
+            assert self.namespace is not None
+            self._client = Client.connect(self.daemon.url, self.namespace, instance_id="tests",
+                                          timeout=5.0)
+        return self._client
+
+    def stored(self, keys: List[bytes]) -> int:
+        return self.client().match(keys).matched
+
+    def wait_stored(self, keys: List[bytes], timeout: float = 20.0) -> None:
+        """Saves are sent in the background: wait until they are committed."""
+        deadline = time.monotonic() + timeout
+        while self.stored(keys) < len(keys):
+            assert time.monotonic() < deadline, \
+                f"only {self.stored(keys)} of {len(keys)} blocks were saved"
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+        for e in (self.base, self.a, self.b):
+            e.close()
+        self.daemon.cleanup()
+
+
+def one(engine: EngineProcess, tokens: List[int], max_tokens: int) -> Dict[str, Any]:
+    r = engine.generate([tokens], max_tokens)
+    return {"tokens": r["outputs"][0], "report": r["reports"][0]}
+
+
+def hit_tokens(res: Dict[str, Any]) -> int:
+    return res["report"]["kvkeeper"]["hit_tokens"]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    from engine_script import write_tiny_llama
+
+    tmp = short_tmpdir()
+    model = f"{tmp}/model"
+    write_tiny_llama(model)
+    daemon = DaemonProcess(f"{tmp}/kvk.sock", capacity="128MiB", page="32KiB",
+                           log_path=f"{tmp}/daemon.log")
+    # No daemon yet: the engines must start (and serve) without it.
+    with ThreadPoolExecutor(3) as pool:
+        futs = [pool.submit(EngineProcess, model, url, f"{tmp}/engine-{name}.log",
+                            ready_timeout=STARTUP_S)
+                for name, url in (("base", ""), ("a", daemon.url), ("b", daemon.url))]
+        engines = []
+        for f in futs:
+            try:
+                engines.append(f.result())
+            except BaseException:
+                for g in futs:
+                    if g.done() and g.exception() is None:
+                        g.result().close()
+                raise
+    c = Cluster(tmp, daemon, *engines)
+    try:
+        w = prompt("no-daemon", 80)
+        c.no_daemon = {"base": one(c.base, w, 8), "a": one(c.a, w, 8),
+                       "metrics": c.a.metrics()}
+        daemon.start()
+        # A's link backs off after the failed attempts above: wait until its
+        # saves land (the backoff is capped at 2 s in engine_script).
+        deadline = time.monotonic() + 60
+        i = 0
+        while daemon.stats().tiers[0].blocks == 0:
+            assert time.monotonic() < deadline, "engine A never reached the daemon"
+            res = one(c.a, prompt(f"warm-{i}", 70), 2)
+            c.namespace = res["report"]["kvkeeper"]["namespace"]
+            i += 1
+            time.sleep(0.3)
+        yield c
+    finally:
+        c.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_engines_start_and_serve_without_the_daemon(cluster: Cluster) -> None:
+    nd = cluster.no_daemon
+    assert nd["a"]["tokens"] == nd["base"]["tokens"]
+    assert hit_tokens(nd["a"]) == 0
+    assert nd["metrics"].get("vllm:kvkeeper_lookup_errors", 0) >= 1
+
+
+def test_shared_prefix_is_an_external_hit_with_identical_output(cluster: Cluster) -> None:
+    p = prompt("shared", 200)                      # 6 full blocks; 6 matchable (199 // 32)
+    base = one(cluster.base, p, 16)
+    a = one(cluster.a, p, 16)
+    assert a["tokens"] == base["tokens"] and hit_tokens(a) == 0
+    keys = report_keys(a["report"], p)
+    cluster.wait_stored(keys)
+    hits_before = cluster.daemon.stats().hit_blocks
+    loaded_before = cluster.b.metrics().get("vllm:kvkeeper_loaded_blocks", 0)
+    b = one(cluster.b, p, 16)
+    assert hit_tokens(b) == 192
+    assert b["tokens"] == base["tokens"]
+    m = cluster.b.metrics()
+    assert m["vllm:kvkeeper_loaded_blocks"] - loaded_before == 6
+    assert m["vllm:external_prefix_cache_hits"] >= 192
+    # scheduler lookup + worker load both matched the 6 blocks
+    assert cluster.daemon.stats().hit_blocks - hits_before >= 12
+
+
+def test_partial_prefix_hit_on_a_shared_system_prompt(cluster: Cluster) -> None:
+    system = prompt("system", 96)                  # 3 blocks
+    q1, q2 = prompt("question-1", 40), prompt("question-2", 50)
+    a = one(cluster.a, system + q1, 8)
+    cluster.wait_stored(report_keys(a["report"], system + q1)[:4])
+    base = one(cluster.base, system + q2, 8)
+    b = one(cluster.b, system + q2, 8)
+    assert hit_tokens(b) == 96, "exactly the system prompt's blocks"
+    assert b["tokens"] == base["tokens"]
+
+
+def test_corrupt_block_is_detected_recomputed_and_replaced(cluster: Cluster) -> None:
+    p = prompt("corrupt", 160)                     # 5 full blocks, 4 matchable
+    base = one(cluster.base, p, 8)
+    a = one(cluster.a, p, 8)
+    keys = report_keys(a["report"], p)[:4]
+    cluster.wait_stored(keys)
+    corrupt_stored_block(cluster.daemon.socket_path, cluster.namespace, keys[1])
+    before = cluster.b.metrics()
+    b = one(cluster.b, p, 8)
+    after = cluster.b.metrics()
+    assert b["tokens"] == base["tokens"], "the corrupt block was not used"
+    assert hit_tokens(b) == 128
+    assert after["vllm:kvkeeper_checksum_errors"] - before.get("vllm:kvkeeper_checksum_errors", 0) == 1
+    # block 1 and the blocks after it were recomputed
+    assert after["vllm:kvkeeper_load_error_blocks"] - before.get(
+        "vllm:kvkeeper_load_error_blocks", 0) == 3
+    # the daemon dropped the corrupt block and B stored the recomputed one
+    cluster.wait_stored(keys)
+    c = cluster.client()
+    lease = c.match(keys, lease=True).lease_id
+    try:
+        assert len(c.load(lease)) == 4          # raises ChecksumError if still corrupt
+    finally:
+        c.release(lease)
+
+
+def test_loaded_kv_is_really_used(cluster: Cluster) -> None:
+    """Rewrite the stored blocks with other values (valid checksums): B's
+    output must change, so B computed with the loaded KV, not its own."""
+    p = prompt("altered", 130)                     # 4 full blocks, 4 matchable
+    base = one(cluster.base, p, 12)
+    a = one(cluster.a, p, 12)
+    keys = report_keys(a["report"], p)[:4]
+    cluster.wait_stored(keys)
+    negate = lambda i, raw: (-np.frombuffer(raw, dtype=np.float32)).tobytes()  # noqa: E731
+    assert rewrite_stored_blocks(cluster.daemon.url, cluster.namespace, keys, negate) == 4
+    before = cluster.b.metrics()
+    b = one(cluster.b, p, 12)
+    after = cluster.b.metrics()
+    assert hit_tokens(b) == 128
+    assert after["vllm:kvkeeper_loaded_blocks"] - before.get("vllm:kvkeeper_loaded_blocks", 0) == 4
+    assert after["vllm:kvkeeper_checksum_errors"] == before.get("vllm:kvkeeper_checksum_errors", 0)
+    assert b["tokens"] != base["tokens"], "B ignored the KV it loaded"
+
+
+def test_daemon_killed_mid_request_then_hits_resume(cluster: Cluster) -> None:
+    p = prompt("long", 64)
+    n = 400
+    base = one(cluster.base, p, n)
+    blocks = cluster.daemon.stats().tiers[0].blocks
+    cluster.b.send(cmd="generate", prompts=[p], max_tokens=n)
+    deadline = time.monotonic() + 60
+    # The request is running once its first blocks reach the daemon.
+    while cluster.daemon.stats().tiers[0].blocks < blocks + 3:
+        assert time.monotonic() < deadline, "the long request saved nothing"
+        time.sleep(0.02)
+    cluster.daemon.kill()
+    assert cluster.b._lines.empty(), "the request finished before the daemon was killed"
+    res = cluster.b.result(timeout=180)
+    assert res["outputs"][0] == base["tokens"]
+    m = cluster.b.metrics()
+    assert m.get("vllm:kvkeeper_save_dropped_blocks", 0) > 0, "saves after the kill were dropped"
+
+    # A new daemon (empty) on the same socket: both engines find it again.
+    cluster.daemon.start()
+    deadline = time.monotonic() + 60
+    i = 0
+    while True:
+        q = prompt(f"resume-{i}", 100)
+        a = one(cluster.a, q, 4)
+        try:
+            cluster.wait_stored(report_keys(a["report"], q)[:3], timeout=2.0)
+        except AssertionError:
+            b = None
+        else:
+            b = one(cluster.b, q, 4)
+            if hit_tokens(b) == 96:
+                assert b["tokens"] == a["tokens"]
+                break
+        assert time.monotonic() < deadline, "hits did not resume after the daemon restarted"
+        i += 1
+        time.sleep(0.5)

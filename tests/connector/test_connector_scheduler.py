@@ -1,0 +1,337 @@
+"""SchedulerSide against an in-memory daemon: leases, load plans, save plans, releases.
+
+No engine: vLLM's Request, KVCacheBlocks and SchedulerOutput are stood in for
+by the few attributes the connector reads. Needs vLLM importable (the
+metadata classes subclass vLLM's).
+"""
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import pytest
+
+from connector_harness import vllm_unavailable
+
+pytestmark = pytest.mark.skipif(vllm_unavailable() is not None,
+                                reason=vllm_unavailable() or "")
+
+BS = 32
+
+
+def _imports():
+    from kvkeeper.client import MatchResult, UnavailableError
+    from kvkeeper.connector.config import ConnectorConfig
+    from kvkeeper.connector.keys import chain_keys, namespace_seed
+    from kvkeeper.connector.layout import KVLayout
+    from kvkeeper.connector.link import LinkDown
+    from kvkeeper.connector.metadata import KVKeeperWorkerMetadata
+    from kvkeeper.connector.scheduler import SchedulerSide
+    return SimpleNamespace(**locals())
+
+
+class FakeDaemon:
+    """Committed keys, leases and releases of one namespace."""
+
+    def __init__(self) -> None:
+        self.keys: set = set()
+        self.leases: Dict[int, List[bytes]] = {}
+        self.released: List[Tuple[int, bool]] = []
+        self.ids = itertools.count(1)
+        self.fail: Optional[Exception] = None
+
+    def match(self, keys: Sequence[bytes], lease: bool = False):
+        m = _imports()
+        if self.fail is not None:
+            raise self.fail
+        n = 0
+        for k in keys:
+            if k not in self.keys:
+                break
+            n += 1
+        lid = None
+        if lease and n:
+            lid = next(self.ids)
+            self.leases[lid] = list(keys[:n])
+        return m.MatchResult(n, [2] * n, lid)
+
+    def release(self, lease_id: int, discard: bool = False) -> None:
+        keys = self.leases.pop(lease_id)
+        self.released.append((lease_id, discard))
+        if discard:
+            self.keys.difference_update(keys)
+
+
+class FakeLink:
+    name = "fake"
+
+    def __init__(self, daemon: FakeDaemon, down: bool = False) -> None:
+        self.daemon = daemon
+        self.down = down
+        self.calls = 0
+
+    def call(self, fn, what, wait=True):
+        self.calls += 1
+        if self.down:
+            raise _imports().LinkDown("down")
+        return fn(self.daemon)
+
+    def close(self) -> None:
+        pass
+
+
+class Req:
+    def __init__(self, rid: str, tokens: List[int], **kw) -> None:
+        self.request_id = rid
+        self.all_token_ids = list(tokens)
+        self.num_computed_tokens = 0
+        self.cache_salt = kw.get("cache_salt")
+        self.lora_request = kw.get("lora_request")
+        self.mm_features: list = []
+        self.prompt_embeds = kw.get("prompt_embeds")
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+
+class Blocks:
+    def __init__(self, ids: List[int]) -> None:
+        self.ids = ids
+
+    def get_block_ids(self):
+        return (list(self.ids),)
+
+
+def layout(m):
+    return m.KVLayout(layer_names=("l0", "l1"), num_heads=2, block_tokens=BS, content_bytes=256,
+                      dtype="float32", physical="LBHNC", spec_kind="FullAttentionSpec")
+
+
+def ns(rank: int = 0, size: int = 1) -> dict:
+    return {"model_id": "m", "model_revision": "", "dtype": "float32", "kv_layout": "x",
+            "block_tokens": BS, "block_bytes": 32768, "tp_rank": rank, "tp_size": size}
+
+
+def make(tp: int = 1, **cfg):
+    m = _imports()
+    daemons = [FakeDaemon() for _ in range(tp)]
+    links = [FakeLink(d) for d in daemons]
+    side = m.SchedulerSide(m.ConnectorConfig(url="unix:///nowhere", **cfg), layout(m),
+                           [ns(r, tp) for r in range(tp)], links)
+    return side, daemons, links
+
+
+def store(daemon: FakeDaemon, rank: int, tokens: List[int], blocks: int, tp: int = 1) -> List[bytes]:
+    m = _imports()
+    keys = m.chain_keys(m.namespace_seed(ns(rank, tp)), tokens, BS)[:blocks]
+    daemon.keys.update(keys)
+    return keys
+
+
+def flush(side) -> None:
+    for r in side.releasers:
+        assert r.flush(5.0)
+
+
+def output(**sched) -> SimpleNamespace:
+    return SimpleNamespace(num_scheduled_tokens=sched, scheduled_spec_decode_tokens={})
+
+
+def done(load_id: int, good: int, corrupt: bool = False, rank: int = 0):
+    m = _imports()
+    return SimpleNamespace(kv_connector_worker_meta=m.KVKeeperWorkerMetadata(
+        loads_done={load_id: {rank: (good, corrupt)}}))
+
+
+TOKENS = list(range(10, 10 + 128))   # 4 full blocks
+
+
+def test_lookup_caps_at_the_last_token_and_starts_after_the_local_hit() -> None:
+    side, (d,), _ = make()
+    store(d, 0, TOKENS, 4)
+    r = Req("a", TOKENS)
+    assert side.get_num_new_matched_tokens(r, 0) == (96, False)   # not 128: last token
+    assert side.get_num_new_matched_tokens(r, 32) == (64, False)  # blocks 1..2 only
+    assert side.get_num_new_matched_tokens(Req("b", TOKENS + [1]), 0) == (128, False)
+    assert side.get_num_new_matched_tokens(Req("c", TOKENS[:32]), 0) == (0, False)
+    side.request_finished(r)
+    side.request_finished(Req("b", []))
+    flush(side)
+    assert not d.leases, "every lease is released"
+
+
+def test_partial_hit_counts_leading_blocks_only() -> None:
+    side, (d,), _ = make()
+    keys = store(d, 0, TOKENS, 4)
+    d.keys.discard(keys[1])
+    assert side.get_num_new_matched_tokens(Req("a", TOKENS), 0) == (32, False)
+
+
+def test_load_plan_then_release_when_the_worker_reports() -> None:
+    side, (d,), _ = make()
+    keys = store(d, 0, TOKENS, 3)
+    r = Req("a", TOKENS + [5] * 10)
+    assert side.get_num_new_matched_tokens(r, 0) == (96, False)
+    side.update_state_after_alloc(r, Blocks([40, 41, 42, 43, 44]), 96)
+    r.num_computed_tokens = 96
+    meta = side.build_connector_meta(output(a=42), lambda rid: [40, 41, 42, 43, 44])
+    (load,) = meta.loads
+    assert load.block_ids == (40, 41, 42) and load.keys == (tuple(keys),)
+    # this step computes tokens 96..137: block 3 (96..127) becomes full and is saved
+    (save,) = meta.saves
+    assert save.block_ids == (43,) and save.keys[0][0] not in keys
+    assert len(d.leases) == 1
+    side.update_connector_output(done(load.load_id, 3))
+    flush(side)
+    assert d.leases == {} and d.released == [(1, False)]
+    assert side.held_leases() == 0
+    assert side.request_finished(r) is None  # report off
+
+
+def test_corrupt_block_is_discarded_and_saved_again_after_recompute() -> None:
+    side, (d,), _ = make()
+    keys = store(d, 0, TOKENS, 3)
+    r = Req("a", TOKENS + [5] * 10)
+    side.get_num_new_matched_tokens(r, 0)
+    side.update_state_after_alloc(r, Blocks([40, 41, 42, 43, 44]), 96)
+    r.num_computed_tokens = 96
+    meta = side.build_connector_meta(output(a=42), lambda rid: [40, 41, 42, 43, 44])
+    r.num_computed_tokens = 138
+    # block 1 failed its checksum: vLLM rewinds to token 32 and recomputes
+    side.update_connector_output(done(meta.loads[0].load_id, good=1, corrupt=True))
+    flush(side)
+    assert d.released == [(1, True)]
+    assert keys[1] not in d.keys and keys[0] not in d.keys  # the whole lease was discarded
+    r.num_computed_tokens = 32
+    meta2 = side.build_connector_meta(output(a=106), lambda rid: [40, 41, 42, 43, 44])
+    # the discard dropped the whole lease: blocks 0.. are saved again (block 3
+    # was not in the lease and is skipped by the daemon: present)
+    (save,) = meta2.saves
+    assert save.block_ids == (40, 41, 42, 43) and save.keys[0][:3] == tuple(keys)
+
+
+def test_abort_before_the_load_releases_the_lease() -> None:
+    side, (d,), _ = make()
+    store(d, 0, TOKENS, 3)
+    r = Req("a", TOKENS)
+    side.get_num_new_matched_tokens(r, 0)
+    side.request_finished(r)
+    flush(side)
+    assert d.leases == {}
+    # and after the load was planned but before the worker reported
+    r2 = Req("b", TOKENS)
+    side.get_num_new_matched_tokens(r2, 0)
+    side.update_state_after_alloc(r2, Blocks([1, 2, 3, 4]), 96)
+    side.build_connector_meta(output(b=32), lambda rid: [1, 2, 3, 4])
+    side.request_finished(r2)
+    flush(side)
+    assert d.leases == {} and side.held_leases() == 0
+
+
+def test_repeated_lookup_and_unused_hit_release_the_lease() -> None:
+    side, (d,), _ = make()
+    store(d, 0, TOKENS, 3)
+    r = Req("a", TOKENS)
+    side.get_num_new_matched_tokens(r, 0)
+    side.get_num_new_matched_tokens(r, 0)   # not scheduled last time: asked again
+    flush(side)
+    assert len(d.leases) == 1
+    side.update_state_after_alloc(r, Blocks([1, 2, 3, 4]), 0)  # vLLM chose not to load
+    flush(side)
+    assert d.leases == {}
+    assert side.build_connector_meta(output(a=128), lambda rid: [1, 2, 3, 4]).loads == []
+
+
+def test_daemon_down_is_a_counted_miss() -> None:
+    side, (d,), (link,) = make()
+    store(d, 0, TOKENS, 3)
+    link.down = True
+    assert side.get_num_new_matched_tokens(Req("a", TOKENS), 0) == (0, False)
+    d.fail = _imports().UnavailableError("gone")
+    link.down = False
+    assert side.get_num_new_matched_tokens(Req("b", TOKENS), 0) == (0, False)
+    stats = side.take_stats()
+    assert stats.data["lookup_errors"] == 2 and "hit_tokens" not in stats.data
+
+
+def test_saves_follow_prefill_chunks_and_decode() -> None:
+    side, _, _ = make()
+    prompt = list(range(100))
+    r = Req("a", prompt)
+    assert side.get_num_new_matched_tokens(r, 0) == (0, False)
+    side.update_state_after_alloc(r, Blocks([7, 8, 9, 10]), 0)
+    ids = lambda rid: [7, 8, 9, 10]  # noqa: E731
+    m1 = side.build_connector_meta(output(a=64), ids)          # chunk 0..63
+    assert [s.block_ids for s in m1.saves] == [(7, 8)]
+    r.num_computed_tokens = 64
+    m2 = side.build_connector_meta(output(a=36), ids)          # chunk 64..99
+    assert [s.block_ids for s in m2.saves] == [(9,)]
+    r.num_computed_tokens = 100
+    for step in range(27):                                      # decode 100..126
+        r.all_token_ids.append(1000 + step)
+        m = side.build_connector_meta(output(a=1), ids)
+        assert m.saves == []
+        r.num_computed_tokens += 1
+    r.all_token_ids.append(2000)                               # token 127 fills block 3
+    m = side.build_connector_meta(output(a=1), ids)
+    (save,) = m.saves
+    assert save.block_ids == (10,)
+    keys = _imports().chain_keys(_imports().namespace_seed(ns()), r.all_token_ids, BS)
+    assert save.keys[0] == (keys[3],)
+
+
+def test_speculative_tokens_are_not_saved() -> None:
+    side, _, _ = make()
+    r = Req("a", list(range(60)))
+    side.get_num_new_matched_tokens(r, 0)
+    so = output(a=64)
+    r.all_token_ids += [1, 2, 3, 4]
+    so.scheduled_spec_decode_tokens = {"a": [1, 2, 3, 4]}
+    m = side.build_connector_meta(so, lambda rid: [0, 1])
+    assert [s.block_ids for s in m.saves] == [(0,)]  # 60 final tokens: one full block
+
+
+def test_tensor_parallel_hits_are_the_minimum_over_ranks() -> None:
+    side, (d0, d1), _ = make(tp=2)
+    k0 = store(d0, 0, TOKENS, 3, tp=2)
+    k1 = store(d1, 1, TOKENS, 2, tp=2)
+    assert not set(k0) & set(k1), "each rank has its own keys"
+    r = Req("a", TOKENS)
+    assert side.get_num_new_matched_tokens(r, 0) == (64, False)
+    side.update_state_after_alloc(r, Blocks([5, 6, 7, 8]), 64)
+    (load,) = side.build_connector_meta(output(a=64), lambda rid: [5, 6, 7, 8]).loads
+    assert load.keys == (tuple(k0[:2]), tuple(k1[:2])) and load.block_ids == (5, 6)
+    m = _imports()
+    side.update_connector_output(SimpleNamespace(kv_connector_worker_meta=m.KVKeeperWorkerMetadata(
+        loads_done={load.load_id: {0: (2, False), 1: (2, False)}})))
+    flush(side)
+    assert d0.leases == {} and d1.leases == {}
+
+
+def test_salt_and_prompt_embeds() -> None:
+    side, (d,), (link,) = make()
+    store(d, 0, TOKENS, 3)
+    assert side.get_num_new_matched_tokens(Req("a", TOKENS, cache_salt="tenant"), 0) == (0, False)
+    calls = link.calls
+    emb = Req("b", TOKENS, prompt_embeds=object())
+    assert side.get_num_new_matched_tokens(emb, 0) == (0, False)
+    assert link.calls == calls, "no lookup for prompt embeddings"
+    assert side.build_connector_meta(output(b=128), lambda rid: [1, 2, 3, 4]).saves == []
+
+
+def test_report_and_worker_disable() -> None:
+    side, (d,), _ = make(report=True)
+    store(d, 0, TOKENS, 3)
+    r = Req("a", TOKENS)
+    side.get_num_new_matched_tokens(r, 0)
+    side.update_state_after_alloc(r, Blocks([1, 2, 3, 4]), 96)
+    side.build_connector_meta(output(a=32), lambda rid: [1, 2, 3, 4])
+    rep = side.request_finished(r)["kvkeeper"]
+    assert rep["hit_tokens"] == 96 and rep["namespace"] == ns() and rep["block_tokens"] == BS
+    m = _imports()
+    side.update_connector_output(SimpleNamespace(kv_connector_worker_meta=m.KVKeeperWorkerMetadata(
+        disabled={0: "layout mismatch"})))
+    assert side.get_num_new_matched_tokens(Req("b", TOKENS), 0) == (0, False)
+    assert side.build_connector_meta(output(b=128), lambda rid: [1, 2, 3, 4]).saves == []

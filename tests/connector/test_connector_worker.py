@@ -1,0 +1,185 @@
+"""WorkerSide with real KV tensors and a real daemon, no engine: save, load,
+missing and corrupt blocks, daemon down, layout mismatch."""
+from __future__ import annotations
+
+import shutil
+import time
+from typing import Dict, Iterator, List, Tuple
+
+import pytest
+
+from connector_harness import DaemonProcess, corrupt_stored_block, short_tmpdir, vllm_unavailable
+
+pytestmark = pytest.mark.skipif(vllm_unavailable() is not None,
+                                reason=vllm_unavailable() or "")
+
+BS = 32
+NUM_BLOCKS = 12
+
+
+def _m():
+    import torch
+
+    from kvkeeper.connector.config import ConnectorConfig
+    from kvkeeper.connector.keys import chain_keys, namespace_seed
+    from kvkeeper.connector.layout import KVLayout
+    from kvkeeper.connector.link import DaemonLink
+    from kvkeeper.connector.metadata import KVKeeperConnectorMetadata, LoadSpec, SaveSpec
+    from kvkeeper.connector.worker import WorkerSide
+    return locals()
+
+
+def layout():
+    m = _m()
+    return m["KVLayout"](layer_names=("l0", "l1"), num_heads=2, block_tokens=BS,
+                         content_bytes=64 * 4, dtype="float32", physical="LBHNC",
+                         spec_kind="FullAttentionSpec")
+
+
+def namespace() -> dict:
+    lay = layout()
+    return {"model_id": "worker-test", "model_revision": "", "dtype": "float32",
+            "kv_layout": lay.layout_string(), "block_tokens": BS,
+            "block_bytes": lay.block_bytes, "tp_rank": 0, "tp_size": 1}
+
+
+def tensors(seed: int) -> Dict[str, "object"]:
+    torch = _m()["torch"]
+    g = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(NUM_BLOCKS, 2, BS, 64, generator=g) for n in ("l0", "l1")}
+
+
+@pytest.fixture
+def daemon() -> Iterator[DaemonProcess]:
+    d = short_tmpdir()
+    proc = DaemonProcess(f"{d}/kvk.sock", capacity="16MiB", page="32KiB").start()
+    yield proc
+    proc.cleanup()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def worker(url: str, kv: Dict[str, object], **cfg):
+    m = _m()
+    c = m["ConnectorConfig"](url=url, reconnect_min_s=0.2, reconnect_max_s=0.5, **cfg)
+    link = m["DaemonLink"](url, namespace(), instance_id="worker-test", timeout=2.0,
+                           reconnect_min_s=0.2, reconnect_max_s=0.5)
+    w = m["WorkerSide"](c, layout(), 0, link)
+    w.register_kv_caches(kv, NUM_BLOCKS)
+    return w
+
+
+def keys(n: int, salt: int = 0) -> Tuple[bytes, ...]:
+    m = _m()
+    toks = [salt * 100000 + i for i in range(n * BS)]
+    return tuple(m["chain_keys"](m["namespace_seed"](namespace()), toks, BS))
+
+
+def save(w, ks, block_ids) -> None:
+    m = _m()
+    meta = m["KVKeeperConnectorMetadata"](saves=[m["SaveSpec"]("r", (tuple(ks),), tuple(block_ids))])
+    w.wait_for_save(meta)
+    assert w.flush(10.0)
+
+
+def load(w, ks, block_ids, load_id: int = 1):
+    m = _m()
+    meta = m["KVKeeperConnectorMetadata"](loads=[m["LoadSpec"]("r", (tuple(ks),), tuple(block_ids),
+                                                               load_id=load_id)])
+    w.start_load_kv(meta)
+    w.flush(10.0)
+    return w.take_load_errors(), w.build_worker_meta()
+
+
+def test_saved_blocks_load_into_other_block_ids(daemon: DaemonProcess) -> None:
+    torch = _m()["torch"]
+    src, dst = tensors(1), tensors(2)
+    a, b = worker(daemon.url, src), worker(daemon.url, dst)
+    try:
+        ks = keys(3)
+        save(a, ks, [4, 7, 1])
+        assert daemon.stats().tiers[0].blocks == 3
+        errors, wm = load(b, ks, [0, 9, 5])
+        assert errors == set() and wm.loads_done == {1: {0: (3, False)}}
+        for name in ("l0", "l1"):
+            for s, d in ((4, 0), (7, 9), (1, 5)):
+                assert torch.equal(dst[name][d], src[name][s])
+        sa, sb = a.take_stats().data, b.take_stats().data
+        assert sa["saved_blocks"] == 3 and sa["saved_bytes"] == 3 * layout().block_bytes
+        assert sb["loaded_blocks"] == 3 and "load_errors" not in sb
+        assert daemon.stats().leases == 0, "the worker released its lease"
+        save(a, ks, [4, 7, 1])  # already there: nothing written
+        assert a.take_stats().data == {"save_present_blocks": 3}
+    finally:
+        a.shutdown()
+        b.shutdown()
+
+
+def test_missing_blocks_are_reported_from_the_first_gap(daemon: DaemonProcess) -> None:
+    torch = _m()["torch"]
+    src, dst = tensors(1), tensors(2)
+    before = {n: t.clone() for n, t in dst.items()}
+    a, b = worker(daemon.url, src), worker(daemon.url, dst)
+    try:
+        ks = keys(4, salt=1)
+        save(a, ks[:2], [0, 1])           # blocks 2 and 3 never stored
+        errors, wm = load(b, ks, [5, 6, 7, 8])
+        assert errors == {7, 8} and wm.loads_done == {1: {0: (2, False)}}
+        assert torch.equal(dst["l0"][5], src["l0"][0]) and torch.equal(dst["l1"][7], before["l1"][7])
+    finally:
+        a.shutdown()
+        b.shutdown()
+
+
+def test_a_corrupt_block_is_reported_and_dropped(daemon: DaemonProcess) -> None:
+    src, dst = tensors(1), tensors(2)
+    a, b = worker(daemon.url, src), worker(daemon.url, dst)
+    try:
+        ks = keys(3, salt=2)
+        save(a, ks, [0, 1, 2])
+        corrupt_stored_block(daemon.socket_path, namespace(), ks[1])
+        errors, wm = load(b, ks, [3, 4, 5])
+        assert errors == {4, 5}, "the corrupt block and every block after it"
+        assert wm.loads_done == {1: {0: (1, True)}}
+        assert b.take_stats().data["checksum_errors"] == 1
+        # the worker released with discard and nobody else holds it: dropped
+        m = a.link.call(lambda c: c.match(list(ks)), "lookup")
+        assert m.matched == 0
+    finally:
+        a.shutdown()
+        b.shutdown()
+
+
+def test_daemon_down_means_every_block_recomputed_and_saves_dropped(daemon: DaemonProcess) -> None:
+    src, dst = tensors(1), tensors(2)
+    a = worker(daemon.url, src)
+    try:
+        ks = keys(2, salt=3)
+        save(a, ks, [0, 1])
+        daemon.kill()
+        t = time.monotonic()
+        errors, wm = load(a, ks, [2, 3])
+        assert errors == {2, 3} and wm.loads_done == {1: {0: (0, False)}}
+        save(a, keys(2, salt=4), [0, 1])
+        errors, _ = load(a, ks, [2, 3], load_id=2)
+        assert errors == {2, 3}
+        assert time.monotonic() - t < 5.0, "a dead daemon must not stall the worker"
+        stats = a.take_stats().data
+        assert stats["save_dropped_blocks"] >= 2 and stats["load_error_blocks"] == 4
+    finally:
+        a.shutdown()
+
+
+def test_layout_mismatch_disables_but_still_answers_for_loads(daemon: DaemonProcess) -> None:
+    torch = _m()["torch"]
+    bad = {n: torch.zeros(NUM_BLOCKS, 1, BS, 64) for n in ("l0", "l1")}  # 1 head, not 2
+    w = worker(daemon.url, bad)
+    try:
+        assert w.disabled and "head slots" in w.disabled
+        errors, wm = load(w, keys(2), [3, 4])
+        assert errors == {3, 4} and wm.disabled == {0: w.disabled}
+        _, wm2 = load(w, keys(2), [3, 4], load_id=2)
+        assert wm2.disabled == {}, "reported once"
+        save(w, keys(2), [0, 1])
+        assert daemon.stats().tiers[0].blocks == 0
+    finally:
+        w.shutdown()

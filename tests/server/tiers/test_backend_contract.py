@@ -1,0 +1,181 @@
+"""One contract, every tier backend: the arena and the disk store pass the same suite."""
+from __future__ import annotations
+
+import os
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvkeeper.server.ledger.pages import PageAllocator
+from kvkeeper.server.ledger.units import ceil_div
+from kvkeeper.server.tiers.arena import HEADER_BYTES, Arena
+from kvkeeper.server.tiers.backend import (ArenaBackend, BlockStore, DiskBackend, NotStored)
+from kvkeeper.server.tiers.disk import DiskStore
+
+KiB, MiB = 1 << 10, 1 << 20
+PAGE = 64 * KiB
+ARENA_PAGES = 1024  # 64 MiB, sparse
+NS = bytes(range(16))
+SIZES = [1, 7, 4095, 4096, 4097, PAGE, 256 * KiB + 5, 1 * MiB, 4 * MiB, 4 * MiB + 1]
+
+
+class Harness:
+    """A backend plus `loc(key, nbytes)`: for the arena it also plays the
+    ledger's part, giving each (key, nbytes) its own pages."""
+
+    def __init__(self, backend: Any, pages: PageAllocator | None) -> None:
+        self.backend = backend
+        self._pages = pages
+        self._locs: dict[tuple[bytes, int], Any] = {}
+
+    def loc(self, key: bytes, nbytes: int) -> Any:
+        if (key, nbytes) not in self._locs:
+            pages = None
+            if self._pages is not None:
+                pages = self._pages.alloc(ceil_div(nbytes, PAGE))
+            self._locs[(key, nbytes)] = self.backend.locate(NS, key, nbytes, pages)
+        return self._locs[(key, nbytes)]
+
+
+@pytest.fixture(params=["arena", "disk"])
+def h(request, tmp_path):
+    if request.param == "arena":
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else str(tmp_path)
+        path = os.path.join(base, f"kvkeeper-test-{os.getpid()}-{uuid.uuid4().hex}")
+        arena = Arena.create(path, HEADER_BYTES + ARENA_PAGES * PAGE, PAGE)
+        yield Harness(ArenaBackend(arena), PageAllocator(ARENA_PAGES))
+        arena.close()
+    else:
+        store, _ = DiskStore.open(str(tmp_path / "disk"), owner_id="contract", fsync=False)
+        yield Harness(DiskBackend(store), None)
+
+
+def key(i: int) -> bytes:
+    return i.to_bytes(32, "big")
+
+
+def rand(n: int, seed: int = 0) -> bytes:
+    return np.random.default_rng(seed + n).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+def test_fits_the_protocol(h):
+    b = h.backend
+    assert isinstance(b, BlockStore)
+    assert isinstance(b.name, str) and isinstance(b.persistent, bool)
+    assert isinstance(b.tracks_presence, bool)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_round_trip(h, n):
+    data = rand(n)
+    loc = h.loc(key(1), n)
+    assert h.backend.write(loc, data) >= n
+    out = bytearray(n)
+    h.backend.read_into(loc, out)
+    assert out == data
+
+
+@pytest.mark.parametrize("make", [bytes, bytearray, memoryview,
+                                  lambda d: np.frombuffer(d, dtype=np.uint8)],
+                         ids=["bytes", "bytearray", "memoryview", "numpy"])
+def test_any_buffer_in_and_out(h, make: Callable[[bytes], Any]):
+    n = 3 * PAGE + 17
+    data = rand(n, 1)
+    loc = h.loc(key(2), n)
+    h.backend.write(loc, make(data))
+    out = np.empty(n, dtype=np.uint8)
+    h.backend.read_into(loc, out)
+    assert out.tobytes() == data
+    halves = np.empty(n // 2, dtype=np.uint16)  # another item size: bytes all the same
+    loc2 = h.loc(key(3), halves.nbytes)
+    h.backend.write(loc2, np.arange(n // 2, dtype=np.uint16))
+    h.backend.read_into(loc2, halves)
+    assert np.array_equal(halves, np.arange(n // 2, dtype=np.uint16))
+
+
+def test_overwrite_replaces(h):
+    n = PAGE + 1
+    loc = h.loc(key(4), n)
+    h.backend.write(loc, rand(n, 1))
+    h.backend.write(loc, rand(n, 2))
+    out = bytearray(n)
+    h.backend.read_into(loc, out)
+    assert out == rand(n, 2)
+
+
+@pytest.mark.parametrize("delta", [-1, 1])
+def test_wrong_sizes_raise_and_change_nothing(h, delta):
+    n = 2 * PAGE
+    loc = h.loc(key(5), n)
+    h.backend.write(loc, rand(n))
+    with pytest.raises(ValueError):
+        h.backend.read_into(loc, bytearray(n + delta))
+    with pytest.raises(ValueError):
+        h.backend.write(loc, rand(n + delta, 9))
+    out = bytearray(n)
+    h.backend.read_into(loc, out)
+    assert out == rand(n)
+
+
+def test_bad_buffers_and_locations_raise(h):
+    n = 100
+    loc = h.loc(key(6), n)
+    h.backend.write(loc, rand(n))
+    with pytest.raises(ValueError):
+        h.backend.read_into(loc, bytes(n))                      # read-only
+    with pytest.raises(ValueError):
+        h.backend.write(loc, np.zeros((n, 2), np.uint8)[:, 0])  # not contiguous
+    for ns, k in [(b"short", key(1)), (NS, b"k"), (NS, "0" * 32), ("0" * 16, key(1)),
+                  (NS, bytes(65))]:
+        with pytest.raises(ValueError):
+            h.backend.locate(ns, k, n, 0 if h._pages is not None else None)
+    with pytest.raises(ValueError):
+        h.backend.locate(NS, key(1), 0, 0 if h._pages is not None else None)
+
+
+def test_discard(h):
+    n = PAGE + 3
+    loc = h.loc(key(7), n)
+    h.backend.write(loc, rand(n))
+    freed = h.backend.discard(loc)
+    out = bytearray(n)
+    if h.backend.tracks_presence:
+        assert freed >= n
+        with pytest.raises(NotStored):
+            h.backend.read_into(loc, out)
+        assert h.backend.discard(loc) == 0  # twice is fine
+        with pytest.raises(NotStored):
+            h.backend.read_into(h.loc(key(999), n), out)  # never written
+    else:
+        # The arena frees nothing itself: the ledger reuses the pages.
+        assert freed == 0
+    h.backend.write(loc, rand(n, 3))  # the location is usable again
+    h.backend.read_into(loc, out)
+    assert out == rand(n, 3)
+
+
+def test_threads_on_different_keys(h):
+    sizes = [1, 4096, PAGE - 1, PAGE + 1, 256 * KiB, 1 * MiB + 1]
+    jobs = [(i, sizes[i % len(sizes)]) for i in range(48)]
+    locs = {i: h.loc(key(100 + i), n) for i, n in jobs}  # the ledger allocates serially
+
+    def one(job: tuple[int, int]) -> bool:
+        i, n = job
+        ok = True
+        for rnd in range(3):
+            h.backend.write(locs[i], rand(n, i * 10 + rnd))
+            out = bytearray(n)
+            h.backend.read_into(locs[i], out)
+            ok &= out == rand(n, i * 10 + rnd)
+        return ok
+
+    with ThreadPoolExecutor(8) as ex:
+        assert all(ex.map(one, jobs))
+    for i, n in jobs:  # nothing leaked into a neighbour
+        out = bytearray(n)
+        h.backend.read_into(locs[i], out)
+        assert out == rand(n, i * 10 + 2)
