@@ -55,8 +55,8 @@ def _adopt_vllm_logging() -> None:
     its format and level, unless the application configured "kvkeeper" itself."""
     ours = logging.getLogger("kvkeeper")
     theirs = logging.getLogger("vllm")
-    if ours.handlers or not theirs.handlers:
-        return
+    if ours.handlers or not theirs.handlers or logging.getLogger().handlers:
+        return  # configured already, or vLLM's logging is off, or the app logs via root
     for h in theirs.handlers:
         ours.addHandler(h)
     if ours.level == logging.NOTSET:

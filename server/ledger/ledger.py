@@ -149,13 +149,16 @@ class Ledger:
             raise InvalidArgument(
                 f"{len(keys)} keys in one call; at most {self.config.max_keys_per_call}: split the call")
         kb = self.config.key_bytes
-        for i, k in enumerate(keys):
-            if not isinstance(k, (bytes, bytearray)):
-                raise InvalidArgument(
-                    f"key {i} is a {type(k).__name__}, not bytes; every key must be {kb} bytes")
-            if len(k) != kb:
-                raise InvalidArgument(f"key {i} has {len(k)} bytes; every key must be {kb} bytes")
-        out = [k if type(k) is bytes else bytes(k) for k in keys]
+        out = list(keys)
+        # Fast path, two C-level passes: every key is bytes of the right length.
+        if not (set(map(type, out)) <= {bytes} and set(map(len, out)) <= {kb}):
+            for i, k in enumerate(out):
+                if not isinstance(k, (bytes, bytearray)):
+                    raise InvalidArgument(
+                        f"key {i} is a {type(k).__name__}, not bytes; every key must be {kb} bytes")
+                if len(k) != kb:
+                    raise InvalidArgument(f"key {i} has {len(k)} bytes; every key must be {kb} bytes")
+            out = [bytes(k) for k in out]
         if unique and len(set(out)) != len(out):
             raise InvalidArgument("the same key appears twice; each block is saved once per call")
         return out
@@ -184,9 +187,13 @@ class Ledger:
             block_tokens = session.ns.block_tokens
             # Tail first, so that within a chain the head is the most recently used
             # and eviction takes the tail: a prefix that loses its head is unmatchable.
-            for i in range(len(hit) - 1, -1, -1):
-                b = hit[i]
-                self._touch(b, now)
+            for b in reversed(hit):
+                if b.refs == 0:
+                    b.tier.policy.hit(b)
+                else:
+                    b.hits += 1
+                b.last_used = now
+            for i, b in enumerate(hit):
                 if i not in counted_elsewhere:
                     b.tier.hit_blocks += 1
                     b.tier.hit_tokens += block_tokens
@@ -424,17 +431,6 @@ class Ledger:
         return None if ns is None else ns.blocks.get(BlockKey(key))
 
     # ------------------------------------------------------------ internals
-    def _touch(self, b: Block, now: float) -> None:
-        # A hit moves an evictable block to the back of its policy's order.
-        if b.refs == 0:
-            b.tier.policy.remove(b)
-            b.hits += 1
-            b.last_used = now
-            b.tier.policy.add(b)
-        else:
-            b.hits += 1
-            b.last_used = now
-
     def _pin(self, b: Block) -> None:
         next_state(b.label(), b.state, E.PIN, b.refs)
         if b.refs == 0:

@@ -25,6 +25,10 @@ class EvictionPolicy(ABC):
         """`block` is no longer evictable (pinned, or dropped by the ledger)."""
 
     @abstractmethod
+    def hit(self, block: Any) -> None:
+        """`block`, evictable, was hit: count it (block.hits += 1) and reorder."""
+
+    @abstractmethod
     def pop(self) -> Any:
         """Unlink and return the next victim, or None."""
 
@@ -49,6 +53,10 @@ class LRUPolicy(EvictionPolicy):
 
     def remove(self, block: Any) -> None:
         self._list.remove(block)
+
+    def hit(self, block: Any) -> None:
+        block.hits += 1
+        self._list.move_to_back(block)
 
     def pop(self) -> Any:
         return self._list.popleft()
@@ -99,6 +107,11 @@ class HitsLRUPolicy(EvictionPolicy):
             if len(self._heap) > 2 * len(self._buckets) + 16:
                 self._heap = list(self._buckets)
                 heapq.heapify(self._heap)
+
+    def hit(self, block: Any) -> None:
+        self.remove(block)
+        block.hits += 1
+        self.add(block)
 
     def pop(self) -> Any:
         while self._heap:

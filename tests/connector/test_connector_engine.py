@@ -8,9 +8,11 @@ a test can kill and restart it. Every test uses its own random prompts, so
 vLLM's own prefix caches in A and B never answer for the daemon. Outputs are
 greedy tokens of a tiny Llama with seeded random weights (see
 engine_script.write_tiny_llama), compared with the baseline engine's.
+Set KVKEEPER_TEST_KEEP_LOGS=1 to keep the engines' and the daemon's logs.
 """
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import time
@@ -65,6 +67,14 @@ class Cluster:
         while self.stored(keys) < len(keys):
             assert time.monotonic() < deadline, \
                 f"only {self.stored(keys)} of {len(keys)} blocks were saved"
+            time.sleep(0.05)
+
+    def wait_no_leases(self, timeout: float = 10.0) -> None:
+        """Every lease the engines took was released (releases are asynchronous)."""
+        deadline = time.monotonic() + timeout
+        while self.daemon.stats().leases:
+            assert time.monotonic() < deadline, \
+                f"{self.daemon.stats().leases} lease(s) still held after the requests finished"
             time.sleep(0.05)
 
     def close(self) -> None:
@@ -126,7 +136,10 @@ def cluster() -> Iterator[Cluster]:
         yield c
     finally:
         c.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+        if os.environ.get("KVKEEPER_TEST_KEEP_LOGS"):
+            print(f"connector engine test logs kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_engines_start_and_serve_without_the_daemon(cluster: Cluster) -> None:
@@ -153,6 +166,7 @@ def test_shared_prefix_is_an_external_hit_with_identical_output(cluster: Cluster
     assert m["vllm:external_prefix_cache_hits"] >= 192
     # scheduler lookup + worker load both matched the 6 blocks
     assert cluster.daemon.stats().hit_blocks - hits_before >= 12
+    cluster.wait_no_leases()
 
 
 def test_partial_prefix_hit_on_a_shared_system_prompt(cluster: Cluster) -> None:
@@ -164,6 +178,7 @@ def test_partial_prefix_hit_on_a_shared_system_prompt(cluster: Cluster) -> None:
     b = one(cluster.b, system + q2, 8)
     assert hit_tokens(b) == 96, "exactly the system prompt's blocks"
     assert b["tokens"] == base["tokens"]
+    cluster.wait_no_leases()
 
 
 def test_corrupt_block_is_detected_recomputed_and_replaced(cluster: Cluster) -> None:
@@ -190,6 +205,7 @@ def test_corrupt_block_is_detected_recomputed_and_replaced(cluster: Cluster) -> 
         assert len(c.load(lease)) == 4          # raises ChecksumError if still corrupt
     finally:
         c.release(lease)
+    cluster.wait_no_leases()
 
 
 def test_loaded_kv_is_really_used(cluster: Cluster) -> None:
@@ -209,6 +225,7 @@ def test_loaded_kv_is_really_used(cluster: Cluster) -> None:
     assert after["vllm:kvkeeper_loaded_blocks"] - before.get("vllm:kvkeeper_loaded_blocks", 0) == 4
     assert after["vllm:kvkeeper_checksum_errors"] == before.get("vllm:kvkeeper_checksum_errors", 0)
     assert b["tokens"] != base["tokens"], "B ignored the KV it loaded"
+    cluster.wait_no_leases()
 
 
 def test_daemon_killed_mid_request_then_hits_resume(cluster: Cluster) -> None:

@@ -8,7 +8,7 @@ from typing import Iterator
 import pytest
 
 from connector_harness import DaemonProcess, short_tmpdir
-from kvkeeper.client import UnavailableError
+from kvkeeper.client import DeadlineExceededError, UnavailableError
 from kvkeeper.connector.keys import KEY_BYTES
 from kvkeeper.connector.link import DaemonLink, LinkDown
 from kvkeeper.connector.releaser import Releaser
@@ -106,5 +106,28 @@ def test_releaser_releases_and_drops_unknown_leases(sock: str) -> None:
         assert link.call(lambda c: c.match([key]), "lookup").matched == 0, "discarded"
     finally:
         rel.close()
+        link.close()
+        d.cleanup()
+
+
+def test_a_hung_daemon_costs_one_deadline_then_the_breaker_answers(sock: str) -> None:
+    d = DaemonProcess(sock).start()
+    link = link_for(sock)   # 1 s deadline per RPC
+    key = b"\x03" * KEY_BYTES
+    try:
+        assert link.call(lambda c: c.match([key]), "lookup").matched == 0
+        d.pause()
+        t = time.monotonic()
+        with pytest.raises((DeadlineExceededError, UnavailableError)):
+            link.call(lambda c: c.match([key]), "lookup")
+        assert time.monotonic() - t < 3.5
+        t = time.monotonic()
+        with pytest.raises(LinkDown):
+            link.call(lambda c: c.match([key]), "lookup")
+        assert time.monotonic() - t < 0.1
+        d.resume()
+        assert until(lambda: link.call(lambda c: c.match([key]), "lookup")).matched == 0
+    finally:
+        d.resume()
         link.close()
         d.cleanup()

@@ -16,7 +16,7 @@ class NoScanPolicy:
     """Wraps a tier's policy; fails the test if anything iterates it, counts pops."""
 
     def __init__(self, inner):
-        self.inner, self.pops, self.adds, self.removes = inner, 0, 0, 0
+        self.inner, self.pops, self.adds, self.removes, self.hits = inner, 0, 0, 0, 0
 
     def add(self, b):
         self.adds += 1
@@ -29,6 +29,10 @@ class NoScanPolicy:
     def pop(self):
         self.pops += 1
         return self.inner.pop()
+
+    def hit(self, b):
+        self.hits += 1
+        self.inner.hit(b)
 
     def __len__(self):
         return len(self.inner)
@@ -173,7 +177,7 @@ def test_hot_paths_never_walk_the_evictable_set(make_ledger, descriptor, key, st
     r = led.reserve(s.id, [key(8), key(9)], 4.0)
     led.abort(s.id, r.reservation_id, 5.0)
     led.top.policy = spy.inner
-    assert spy.pops == 1 and spy.adds > 0 and spy.removes > 0
+    assert spy.pops == 1 and spy.adds > 0 and spy.removes > 0 and spy.hits == 3
     led.check_invariants()
 
 

@@ -115,3 +115,32 @@ def test_counters_for_metrics(make_ledger, descriptor, key, store):
     assert (t.hit_blocks, t.hit_tokens) == (2, 32)
     assert [led.block(s.ns.id, k).hits for k in (key(1), key(2))] == [1, 1]
     assert t.used_pages == 6 and t.pinned_pages == 2 and t.evictable_pages == 4
+
+
+def test_an_internal_match_pins_without_counting_or_reordering(make_ledger, descriptor, key,
+                                                               store, policy):
+    led = make_ledger(8, policy=policy)
+    s = led.register_session("a", descriptor(), 0.0)
+    chain = [key(1), key(2), key(3)]
+    store(led, s.id, chain)
+    order = [b.key for b in led.top.policy]
+    counters = (led.lookups, led.lookup_keys, led.top.hit_blocks, led.top.hit_tokens)
+    m = led.match(s.id, chain[:2], lease=True, now=5.0, internal=True)
+    assert m.matched == 2 and m.lease_id is not None
+    assert (led.lookups, led.lookup_keys, led.top.hit_blocks, led.top.hit_tokens) == counters
+    assert [led.block(s.ns.id, k).hits for k in chain] == [0, 0, 0]
+    assert [led.block(s.ns.id, k).refs for k in chain] == [1, 1, 0]
+    assert [b.key for b in led.top.policy] == [k for k in order if k == chain[2]]
+    led.check_invariants()
+
+
+def test_hits_counted_elsewhere_are_not_counted_twice(make_ledger, descriptor, key, store):
+    led = make_ledger(8)
+    s = led.register_session("a", descriptor(block_tokens=16), 0.0)
+    chain = [key(1), key(2), key(3)]
+    store(led, s.id, chain)
+    led.match(s.id, chain, lease=False, now=1.0, counted_elsewhere={0, 2})
+    assert (led.top.hit_blocks, led.top.hit_tokens) == (1, 16)
+    assert led.lookups == 1 and led.lookup_keys == 3
+    # Every block was still used: hits and recency move for all three.
+    assert [led.block(s.ns.id, k).hits for k in chain] == [1, 1, 1]

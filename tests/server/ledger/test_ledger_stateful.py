@@ -127,7 +127,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.sess[s.id] = [n, self.now + TTL]
         self.ns_ids[n] = bytes(s.ns.id)
 
-    @rule(dt=st.sampled_from([0.0, 0.5, 0.5, 2.0, 2.0, 5.0, 11.0]), sweep=st.booleans())
+    @rule(dt=st.sampled_from([0.0, 0.5, 0.5, 2.0, 3.0, 5.0, 10.0, 11.0]), sweep=st.booleans())
     def advance_time(self, dt, sweep):
         self.now += dt
         if sweep:

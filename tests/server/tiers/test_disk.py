@@ -3,6 +3,7 @@ several daemons on one directory (pins, GC lock)."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import shutil
 import signal
@@ -92,13 +93,14 @@ def test_header_layout(tmp_path):
     assert len(raw) == HEADER_BYTES + 1000 and raw[HEADER_BYTES:] == payload
     assert raw[0:8] == MAGIC == b"KVKBLOCK"
     version, hsize = struct.unpack_from("<II", raw, 8)
-    assert (version, hsize) == (FORMAT_VERSION, HEADER_BYTES) == (1, 128)
+    assert (version, hsize) == (FORMAT_VERSION, HEADER_BYTES) == (1, 4096)
     assert raw[16:32] == NS
     plen, crc, algo, klen, r16 = struct.unpack_from("<QQIHH", raw, 32)
     assert (plen, crc, algo, klen, r16) == (1000, zlib.crc32(payload), pb.CHECKSUM_CRC32, 32, 0)
     assert raw[56:88] == k and raw[88:120] == bytes(32)
     assert raw[120:124] == bytes(4)
     assert struct.unpack_from("<I", raw, 124)[0] == zlib.crc32(raw[:124])
+    assert raw[128:4096] == bytes(4096 - 128)  # the payload starts page-aligned
     mode = stat.S_IMODE(os.stat(path).st_mode)
     assert mode & ~0o640 == 0  # never more than rw-r-----
 
@@ -172,6 +174,20 @@ def test_recovery_of_1000_blocks(tmp_path):
         assert s2.read(ns, key(i)) == data(sizes[(ns, key(i))], i)
     threaded, rep3 = DiskStore.open(str(tmp_path), owner_id="a", scan_threads=4)
     assert rep3.blocks == 1000 and {(a, b): c for a, b, c in threaded.iter_index()} == sizes
+
+
+def test_scan_goes_parallel_when_io_bound(tmp_path, monkeypatch):
+    s = open_store(tmp_path)
+    for i in range(2000):
+        s.write(NS, hashlib.sha256(b"%d" % i).digest(), data(10, i))  # spread over 256 dirs
+    monkeypatch.setattr(disk_mod, "_IO_BOUND_S_PER_FILE", 0.0)  # every read "waits on the device"
+    switched = []
+    real = disk_mod.ThreadPoolExecutor
+    monkeypatch.setattr(disk_mod, "ThreadPoolExecutor",
+                        lambda **kw: switched.append(kw) or real(**kw))
+    s2, rep = DiskStore.open(str(tmp_path), owner_id="a", fsync=False)
+    assert switched and rep.blocks == 2000 and rep.bytes == s.used_bytes
+    assert sorted(s2.iter_index()) == sorted(s.iter_index())
 
 
 def test_tmp_leftovers_at_open(tmp_path):
