@@ -84,6 +84,30 @@ def test_remove_relinks_only_the_neighbours():
     assert a.next is c and c.prev is a
 
 
+@pytest.mark.parametrize("victim", ["a", "b", "c"])
+def test_move_to_back_relinks_in_one_step(victim):
+    fl = FreeList()
+    nodes = {n: Node(n) for n in "abc"}
+    for n in nodes.values():
+        fl.append(n)
+    fl.move_to_back(nodes[victim])
+    assert names(fl) == [n for n in "abc" if n != victim] + [victim]
+    assert len(fl) == 3
+    check_links(fl)
+
+
+def test_move_to_back_of_an_unlinked_node_raises_and_changes_nothing():
+    fl = FreeList()
+    a = Node("a")
+    fl.append(a)
+    with pytest.raises(ValueError, match="not linked"):
+        fl.move_to_back(Node("x"))
+    assert names(fl) == ["a"] and len(fl) == 1
+    fl.move_to_back(a)                     # the only node: stays where it is
+    assert names(fl) == ["a"] and len(fl) == 1
+    check_links(fl)
+
+
 def test_double_append_raises_and_changes_nothing():
     fl = FreeList()
     a, b = Node("a"), Node("b")
@@ -133,7 +157,7 @@ def test_iteration_survives_removing_the_current_node():
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["append", "remove", "popleft"]),
+@given(st.lists(st.tuples(st.sampled_from(["append", "remove", "popleft", "move"]),
                           st.integers(0, 5)), max_size=60))
 def test_matches_a_python_list_model(ops):
     fl, model = FreeList(), []
@@ -154,6 +178,14 @@ def test_matches_a_python_list_model(ops):
             else:
                 with pytest.raises(ValueError):
                     fl.remove(n)
+        elif op == "move":
+            if n in model:
+                fl.move_to_back(n)
+                model.remove(n)
+                model.append(n)
+            else:
+                with pytest.raises(ValueError):
+                    fl.move_to_back(n)
         else:
             got = fl.popleft()
             assert got is (model.pop(0) if model else None)

@@ -145,11 +145,14 @@ def test_hits_lru_bookkeeping_stays_bounded_for_a_hot_block():
     hot = Blk("hot", 1)
     p.add(cold)
     p.add(hot)
-    for _ in range(2000):
-        p.remove(hot)
-        hot.hits += 1
-        p.add(hot)
-    assert len(p) == 2
+    for i in range(2000):
+        if i % 2:
+            p.hit(hot)
+        else:
+            p.remove(hot)
+            hot.hits += 1
+            p.add(hot)
+    assert len(p) == 2 and hot.hits == 2001
     assert len(p._buckets) <= 8 and len(p._heap) <= 32
     assert [b.name for b in p] == ["cold", "hot"]
     assert drain(p) == ["cold", "hot"]
@@ -204,9 +207,9 @@ def test_policy_matches_a_sorted_reference_model(name, ops):
         elif op == "hit":
             if i not in held:
                 continue
-            p.remove(b)
-            b.hits += 1
-            p.add(b)
+            before = b.hits
+            p.hit(b)                      # what the ledger calls on a match
+            assert b.hits == before + 1
             held[i] = clock
         else:
             want = expected()
@@ -218,3 +221,27 @@ def test_policy_matches_a_sorted_reference_model(name, ops):
                 del held[int(got.name)]
         assert [x.name for x in p] == expected()
         assert len(p) == len(held)
+
+
+@pytest.mark.parametrize("name", ["lru", "hits-lru"])
+def test_hit_counts_and_moves_a_block_behind_its_equals(name):
+    p = make_policy(name)
+    a, b, c = Blk("a"), Blk("b"), Blk("c")
+    for x in (a, b, c):
+        p.add(x)
+    p.hit(a)
+    assert a.hits == 1 and len(p) == 3
+    assert [x.name for x in p] == ["b", "c", "a"]
+    p.hit(b)
+    # LRU: pure recency. hits-lru: b joins a's bucket behind it; c (0 hits) goes first.
+    assert [x.name for x in p] == (["c", "a", "b"])
+    assert drain(p) == ["c", "a", "b"]
+
+
+@pytest.mark.parametrize("name", ["lru", "hits-lru"])
+def test_hit_of_a_block_not_held_raises(name):
+    p = make_policy(name)
+    p.add(Blk("a"))
+    with pytest.raises((ValueError, KeyError)):
+        p.hit(Blk("x"))
+    assert len(p) == 1
