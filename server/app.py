@@ -70,7 +70,13 @@ class Daemon:
         self.ledger = Ledger(config.to_ledger_config())
         ht = config.host_tier
         name = ht.name or f"kvkeeper-{os.getpid()}"
+        if config.listen.socket:
+            # Before the arena: a second daemon with the same config must fail
+            # here, not after replacing the live daemon's arena file.
+            _claim_socket_path(os.path.abspath(config.listen.socket))
         self.arena = Arena.create(os.path.join(ht.shm_dir, name), ht.capacity_bytes, ht.page_bytes)
+        # Whoever may use the socket may map the arena (same-host fast path).
+        os.chmod(self.arena.path, config.listen.socket_mode & 0o660)
         if self.arena.page_count < self.ledger.top.capacity_pages:
             raise RuntimeError("arena holds fewer pages than the ledger plans for")
         self.metrics = Metrics()

@@ -4,15 +4,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# promtool (Debian's prometheus package) checks the metrics exposition.
-if ! command -v promtool >/dev/null 2>&1; then
+# Debian packages some tests need: prometheus (promtool checks the metrics
+# exposition and deploy/prometheus; tests/deploy also runs the server itself)
+# and systemd (systemd-analyze verifies deploy/systemd/kvkeeper.service).
+pkgs=()
+{ command -v promtool && command -v prometheus; } >/dev/null 2>&1 || pkgs+=(prometheus)
+command -v systemd-analyze >/dev/null 2>&1 || pkgs+=(systemd)
+if [ ${#pkgs[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "tests/run.sh: installing Debian's prometheus for promtool" >&2
+    echo "tests/run.sh: installing Debian's ${pkgs[*]}" >&2
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq >/dev/null
-    apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
   else
-    echo "tests/run.sh: promtool not found and cannot apt-get it; the metrics lint test will skip" >&2
+    echo "tests/run.sh: ${pkgs[*]} missing and cannot apt-get them; the tests that need them will skip" >&2
   fi
 fi
 

@@ -41,6 +41,19 @@ stats = cls.build_kv_connector_stats({"hit_tokens": 3})
 other = cls.build_kv_connector_stats({"hit_tokens": 4, "loaded_blocks": 1})
 assert stats.aggregate(other).reduce() == {"hit_tokens": 7, "loaded_blocks": 1}
 assert not stats.is_empty() and cls.build_kv_connector_stats().is_empty()
+
+# the counters reach Prometheus as vllm:kvkeeper_<name>, per engine
+from types import SimpleNamespace
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+prom = cls.build_prom_metrics(SimpleNamespace(kv_transfer_config=None),
+                              {Counter: Counter, Gauge: Gauge, Histogram: Histogram},
+                              ["model_name", "engine"], {0: ["m", "0"], 1: ["m", "1"]})
+prom.observe({"hit_tokens": 5, "loaded_bytes": 4096, "unknown": 1}, engine_idx=1)
+prom.observe({"hit_tokens": 2}, engine_idx=1)
+get = lambda name, e: REGISTRY.get_sample_value(f"vllm:kvkeeper_{name}_total",
+                                                 {"model_name": "m", "engine": e})
+assert get("hit_tokens", "1") == 7 and get("loaded_bytes", "1") == 4096, get("hit_tokens", "1")
+assert get("hit_tokens", "0") == 0
 print("ok")
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

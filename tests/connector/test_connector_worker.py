@@ -58,11 +58,11 @@ def daemon() -> Iterator[DaemonProcess]:
     shutil.rmtree(d, ignore_errors=True)
 
 
-def worker(url: str, kv: Dict[str, object], **cfg):
+def worker(url: str, kv: Dict[str, object], transport: str = "auto", **cfg):
     m = _m()
     c = m["ConnectorConfig"](url=url, reconnect_min_s=0.2, reconnect_max_s=0.5, **cfg)
     link = m["DaemonLink"](url, namespace(), instance_id="worker-test", timeout=2.0,
-                           reconnect_min_s=0.2, reconnect_max_s=0.5)
+                           reconnect_min_s=0.2, reconnect_max_s=0.5, transport=transport)
     w = m["WorkerSide"](c, layout(), 0, link)
     w.register_kv_caches(kv, NUM_BLOCKS)
     return w
@@ -90,10 +90,12 @@ def load(w, ks, block_ids, load_id: int = 1):
     return w.take_load_errors(), w.build_worker_meta()
 
 
-def test_saved_blocks_load_into_other_block_ids(daemon: DaemonProcess) -> None:
+@pytest.mark.parametrize("transport", ["auto", "stream"])
+def test_saved_blocks_load_into_other_block_ids(daemon: DaemonProcess, transport: str) -> None:
+    """auto: shared memory (same host); stream: the bytes travel over gRPC."""
     torch = _m()["torch"]
     src, dst = tensors(1), tensors(2)
-    a, b = worker(daemon.url, src), worker(daemon.url, dst)
+    a, b = worker(daemon.url, src, transport), worker(daemon.url, dst, transport)
     try:
         ks = keys(3)
         save(a, ks, [4, 7, 1])
@@ -104,6 +106,7 @@ def test_saved_blocks_load_into_other_block_ids(daemon: DaemonProcess) -> None:
             for s, d in ((4, 0), (7, 9), (1, 5)):
                 assert torch.equal(dst[name][d], src[name][s])
         sa, sb = a.take_stats().data, b.take_stats().data
+        assert a.link.client().transport == ("shm" if transport == "auto" else "stream")
         assert sa["saved_blocks"] == 3 and sa["saved_bytes"] == 3 * layout().block_bytes
         assert sb["loaded_blocks"] == 3 and "load_errors" not in sb
         assert daemon.stats().leases == 0, "the worker released its lease"

@@ -18,9 +18,16 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-
-from deploy_support import (DEPLOY, ROOT, clean_env, serve_args, socket_accepts, stop,
-                            wait_until, free_port)
+from deploy_support import (
+    DEPLOY,
+    ROOT,
+    clean_env,
+    free_port,
+    serve_args,
+    socket_accepts,
+    stop,
+    wait_until,
+)
 from kvkeeper.server.config import load_config, parse_size
 
 yaml = pytest.importorskip("yaml")

@@ -9,14 +9,12 @@ import json
 import shutil
 import tempfile
 import uuid
-from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 from deploy_support import DEPLOY, dashboard_exprs, metric_names
 from kvkeeper.server.app import create_server
 from kvkeeper.server.config import load_config
+from prometheus_client.parser import text_string_to_metric_families
 
 yaml = pytest.importorskip("yaml")
 

@@ -9,7 +9,6 @@ import json
 import shutil
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -17,9 +16,17 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import pytest
-
-from deploy_support import (DEPLOY, clean_env, dashboard_exprs, free_port, grafana_to_promql,
-                            serve_args, socket_accepts, stop, wait_until)
+from deploy_support import (
+    DEPLOY,
+    clean_env,
+    dashboard_exprs,
+    free_port,
+    grafana_to_promql,
+    serve_args,
+    socket_accepts,
+    stop,
+    wait_until,
+)
 
 yaml = pytest.importorskip("yaml")
 

@@ -13,9 +13,8 @@ from typing import Iterator
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from deploy_support import clean_env, serve_args, socket_accepts, stop, wait_until
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kvkeeper.server import sdnotify
 
 
@@ -103,7 +102,7 @@ def test_serve_notifies_ready_then_stopping(shortdir: Path, kind: str) -> None:
             while msg is None:
                 try:
                     msg = notify.recv(4096).decode()
-                except socket.timeout:
+                except TimeoutError:
                     if proc.poll() is not None:
                         raise AssertionError(f"daemon exited early: {proc.stderr.read()}")
                     if time.monotonic() > deadline:

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from deploy_support import DEPLOY, parse_unit, seconds, unit_values
 from kvkeeper.server.config import load_config
 
