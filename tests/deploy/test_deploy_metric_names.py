@@ -36,15 +36,19 @@ def exported() -> set[str]:
             "host_tier.name": f"kvkeeper-names-{uuid.uuid4().hex[:12]}",
             "disk_tier.path": f"{d}/disk", "disk_tier.capacity_bytes": 1 << 20,
         })
-        daemon, _ = create_server(config)
-        try:
-            text = daemon.metrics.render().decode()
-        finally:
+        async def render() -> str:
+            # grpc.aio wants a running loop to build its server.
+            daemon, _ = create_server(config)
             try:
-                if getattr(daemon, "disk", None) is not None:
-                    asyncio.run(daemon.disk.close())
+                return daemon.metrics.render().decode()
             finally:
-                daemon.arena.close()
+                try:
+                    if getattr(daemon, "disk", None) is not None:
+                        await daemon.disk.close()
+                finally:
+                    daemon.arena.close()
+
+        text = asyncio.run(render())
     finally:
         shutil.rmtree(d, ignore_errors=True)
     names = {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
