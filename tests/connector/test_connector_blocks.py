@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Dict, List
+from typing import Dict
 
 import pytest
 

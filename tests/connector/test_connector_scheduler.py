@@ -14,21 +14,18 @@ import pytest
 
 from connector_harness import vllm_unavailable
 
-pytestmark = pytest.mark.skipif(vllm_unavailable() is not None,
-                                reason=vllm_unavailable() or "")
+if vllm_unavailable() is not None:
+    pytest.skip(vllm_unavailable(), allow_module_level=True)
+
+from kvkeeper.client import MatchResult, UnavailableError  # noqa: E402
+from kvkeeper.connector.config import ConnectorConfig  # noqa: E402
+from kvkeeper.connector.keys import chain_keys, namespace_seed  # noqa: E402
+from kvkeeper.connector.layout import KVLayout  # noqa: E402
+from kvkeeper.connector.link import LinkDown  # noqa: E402
+from kvkeeper.connector.metadata import KVKeeperWorkerMetadata  # noqa: E402
+from kvkeeper.connector.scheduler import SchedulerSide  # noqa: E402
 
 BS = 32
-
-
-def _imports():
-    from kvkeeper.client import MatchResult, UnavailableError
-    from kvkeeper.connector.config import ConnectorConfig
-    from kvkeeper.connector.keys import chain_keys, namespace_seed
-    from kvkeeper.connector.layout import KVLayout
-    from kvkeeper.connector.link import LinkDown
-    from kvkeeper.connector.metadata import KVKeeperWorkerMetadata
-    from kvkeeper.connector.scheduler import SchedulerSide
-    return SimpleNamespace(**locals())
 
 
 class FakeDaemon:
@@ -42,7 +39,6 @@ class FakeDaemon:
         self.fail: Optional[Exception] = None
 
     def match(self, keys: Sequence[bytes], lease: bool = False):
-        m = _imports()
         if self.fail is not None:
             raise self.fail
         n = 0
@@ -54,7 +50,7 @@ class FakeDaemon:
         if lease and n:
             lid = next(self.ids)
             self.leases[lid] = list(keys[:n])
-        return m.MatchResult(n, [2] * n, lid)
+        return MatchResult(n, [2] * n, lid)
 
     def release(self, lease_id: int, discard: bool = False) -> None:
         keys = self.leases.pop(lease_id)
@@ -74,7 +70,7 @@ class FakeLink:
     def call(self, fn, what, wait=True):
         self.calls += 1
         if self.down:
-            raise _imports().LinkDown("down")
+            raise LinkDown("down")
         return fn(self.daemon)
 
     def close(self) -> None:
@@ -104,8 +100,8 @@ class Blocks:
         return (list(self.ids),)
 
 
-def layout(m):
-    return m.KVLayout(layer_names=("l0", "l1"), num_heads=2, block_tokens=BS, content_bytes=256,
+def layout():
+    return KVLayout(layer_names=("l0", "l1"), num_heads=2, block_tokens=BS, content_bytes=256,
                       dtype="float32", physical="LBHNC", spec_kind="FullAttentionSpec")
 
 
@@ -115,17 +111,15 @@ def ns(rank: int = 0, size: int = 1) -> dict:
 
 
 def make(tp: int = 1, **cfg):
-    m = _imports()
     daemons = [FakeDaemon() for _ in range(tp)]
     links = [FakeLink(d) for d in daemons]
-    side = m.SchedulerSide(m.ConnectorConfig(url="unix:///nowhere", **cfg), layout(m),
+    side = SchedulerSide(ConnectorConfig(url="unix:///nowhere", **cfg), layout(),
                            [ns(r, tp) for r in range(tp)], links)
     return side, daemons, links
 
 
 def store(daemon: FakeDaemon, rank: int, tokens: List[int], blocks: int, tp: int = 1) -> List[bytes]:
-    m = _imports()
-    keys = m.chain_keys(m.namespace_seed(ns(rank, tp)), tokens, BS)[:blocks]
+    keys = chain_keys(namespace_seed(ns(rank, tp)), tokens, BS)[:blocks]
     daemon.keys.update(keys)
     return keys
 
@@ -140,8 +134,7 @@ def output(**sched) -> SimpleNamespace:
 
 
 def done(load_id: int, good: int, corrupt: bool = False, rank: int = 0):
-    m = _imports()
-    return SimpleNamespace(kv_connector_worker_meta=m.KVKeeperWorkerMetadata(
+    return SimpleNamespace(kv_connector_worker_meta=KVKeeperWorkerMetadata(
         loads_done={load_id: {rank: (good, corrupt)}}))
 
 
@@ -249,7 +242,7 @@ def test_daemon_down_is_a_counted_miss() -> None:
     store(d, 0, TOKENS, 3)
     link.down = True
     assert side.get_num_new_matched_tokens(Req("a", TOKENS), 0) == (0, False)
-    d.fail = _imports().UnavailableError("gone")
+    d.fail = UnavailableError("gone")
     link.down = False
     assert side.get_num_new_matched_tokens(Req("b", TOKENS), 0) == (0, False)
     stats = side.take_stats()
@@ -278,7 +271,7 @@ def test_saves_follow_prefill_chunks_and_decode() -> None:
     m = side.build_connector_meta(output(a=1), ids)
     (save,) = m.saves
     assert save.block_ids == (10,)
-    keys = _imports().chain_keys(_imports().namespace_seed(ns()), r.all_token_ids, BS)
+    keys = chain_keys(namespace_seed(ns()), r.all_token_ids, BS)
     assert save.keys[0] == (keys[3],)
 
 
@@ -303,8 +296,7 @@ def test_tensor_parallel_hits_are_the_minimum_over_ranks() -> None:
     side.update_state_after_alloc(r, Blocks([5, 6, 7, 8]), 64)
     (load,) = side.build_connector_meta(output(a=64), lambda rid: [5, 6, 7, 8]).loads
     assert load.keys == (tuple(k0[:2]), tuple(k1[:2])) and load.block_ids == (5, 6)
-    m = _imports()
-    side.update_connector_output(SimpleNamespace(kv_connector_worker_meta=m.KVKeeperWorkerMetadata(
+    side.update_connector_output(SimpleNamespace(kv_connector_worker_meta=KVKeeperWorkerMetadata(
         loads_done={load.load_id: {0: (2, False), 1: (2, False)}})))
     flush(side)
     assert d0.leases == {} and d1.leases == {}
@@ -330,8 +322,7 @@ def test_report_and_worker_disable() -> None:
     side.build_connector_meta(output(a=32), lambda rid: [1, 2, 3, 4])
     rep = side.request_finished(r)["kvkeeper"]
     assert rep["hit_tokens"] == 96 and rep["namespace"] == ns() and rep["block_tokens"] == BS
-    m = _imports()
-    side.update_connector_output(SimpleNamespace(kv_connector_worker_meta=m.KVKeeperWorkerMetadata(
+    side.update_connector_output(SimpleNamespace(kv_connector_worker_meta=KVKeeperWorkerMetadata(
         disabled={0: "layout mismatch"})))
     assert side.get_num_new_matched_tokens(Req("b", TOKENS), 0) == (0, False)
     assert side.build_connector_meta(output(b=128), lambda rid: [1, 2, 3, 4]).saves == []

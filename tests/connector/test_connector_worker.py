@@ -4,34 +4,30 @@ from __future__ import annotations
 
 import shutil
 import time
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, Tuple
 
 import pytest
 
 from connector_harness import DaemonProcess, corrupt_stored_block, short_tmpdir, vllm_unavailable
 
-pytestmark = pytest.mark.skipif(vllm_unavailable() is not None,
-                                reason=vllm_unavailable() or "")
+if vllm_unavailable() is not None:
+    pytest.skip(vllm_unavailable(), allow_module_level=True)
+
+import torch  # noqa: E402
+
+from kvkeeper.connector.config import ConnectorConfig  # noqa: E402
+from kvkeeper.connector.keys import chain_keys, namespace_seed  # noqa: E402
+from kvkeeper.connector.layout import KVLayout  # noqa: E402
+from kvkeeper.connector.link import DaemonLink  # noqa: E402
+from kvkeeper.connector.metadata import KVKeeperConnectorMetadata, LoadSpec, SaveSpec  # noqa: E402
+from kvkeeper.connector.worker import WorkerSide  # noqa: E402
 
 BS = 32
 NUM_BLOCKS = 12
 
 
-def _m():
-    import torch
-
-    from kvkeeper.connector.config import ConnectorConfig
-    from kvkeeper.connector.keys import chain_keys, namespace_seed
-    from kvkeeper.connector.layout import KVLayout
-    from kvkeeper.connector.link import DaemonLink
-    from kvkeeper.connector.metadata import KVKeeperConnectorMetadata, LoadSpec, SaveSpec
-    from kvkeeper.connector.worker import WorkerSide
-    return locals()
-
-
 def layout():
-    m = _m()
-    return m["KVLayout"](layer_names=("l0", "l1"), num_heads=2, block_tokens=BS,
+    return KVLayout(layer_names=("l0", "l1"), num_heads=2, block_tokens=BS,
                          content_bytes=64 * 4, dtype="float32", physical="LBHNC",
                          spec_kind="FullAttentionSpec")
 
@@ -43,8 +39,7 @@ def namespace() -> dict:
             "block_bytes": lay.block_bytes, "tp_rank": 0, "tp_size": 1}
 
 
-def tensors(seed: int) -> Dict[str, "object"]:
-    torch = _m()["torch"]
+def tensors(seed: int) -> Dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {n: torch.randn(NUM_BLOCKS, 2, BS, 64, generator=g) for n in ("l0", "l1")}
 
@@ -58,32 +53,28 @@ def daemon() -> Iterator[DaemonProcess]:
     shutil.rmtree(d, ignore_errors=True)
 
 
-def worker(url: str, kv: Dict[str, object], transport: str = "auto", **cfg):
-    m = _m()
-    c = m["ConnectorConfig"](url=url, reconnect_min_s=0.2, reconnect_max_s=0.5, **cfg)
-    link = m["DaemonLink"](url, namespace(), instance_id="worker-test", timeout=2.0,
+def worker(url: str, kv: Dict[str, torch.Tensor], transport: str = "auto", **cfg):
+    c = ConnectorConfig(url=url, reconnect_min_s=0.2, reconnect_max_s=0.5, **cfg)
+    link = DaemonLink(url, namespace(), instance_id="worker-test", timeout=2.0,
                            reconnect_min_s=0.2, reconnect_max_s=0.5, transport=transport)
-    w = m["WorkerSide"](c, layout(), 0, link)
+    w = WorkerSide(c, layout(), 0, link)
     w.register_kv_caches(kv, NUM_BLOCKS)
     return w
 
 
 def keys(n: int, salt: int = 0) -> Tuple[bytes, ...]:
-    m = _m()
     toks = [salt * 100000 + i for i in range(n * BS)]
-    return tuple(m["chain_keys"](m["namespace_seed"](namespace()), toks, BS))
+    return tuple(chain_keys(namespace_seed(namespace()), toks, BS))
 
 
 def save(w, ks, block_ids) -> None:
-    m = _m()
-    meta = m["KVKeeperConnectorMetadata"](saves=[m["SaveSpec"]("r", (tuple(ks),), tuple(block_ids))])
+    meta = KVKeeperConnectorMetadata(saves=[SaveSpec("r", (tuple(ks),), tuple(block_ids))])
     w.wait_for_save(meta)
     assert w.flush(10.0)
 
 
 def load(w, ks, block_ids, load_id: int = 1):
-    m = _m()
-    meta = m["KVKeeperConnectorMetadata"](loads=[m["LoadSpec"]("r", (tuple(ks),), tuple(block_ids),
+    meta = KVKeeperConnectorMetadata(loads=[LoadSpec("r", (tuple(ks),), tuple(block_ids),
                                                                load_id=load_id)])
     w.start_load_kv(meta)
     w.flush(10.0)
@@ -93,7 +84,6 @@ def load(w, ks, block_ids, load_id: int = 1):
 @pytest.mark.parametrize("transport", ["auto", "stream"])
 def test_saved_blocks_load_into_other_block_ids(daemon: DaemonProcess, transport: str) -> None:
     """auto: shared memory (same host); stream: the bytes travel over gRPC."""
-    torch = _m()["torch"]
     src, dst = tensors(1), tensors(2)
     a, b = worker(daemon.url, src, transport), worker(daemon.url, dst, transport)
     try:
@@ -118,7 +108,6 @@ def test_saved_blocks_load_into_other_block_ids(daemon: DaemonProcess, transport
 
 
 def test_missing_blocks_are_reported_from_the_first_gap(daemon: DaemonProcess) -> None:
-    torch = _m()["torch"]
     src, dst = tensors(1), tensors(2)
     before = {n: t.clone() for n, t in dst.items()}
     a, b = worker(daemon.url, src), worker(daemon.url, dst)
@@ -153,7 +142,7 @@ def test_a_corrupt_block_is_reported_and_dropped(daemon: DaemonProcess) -> None:
 
 
 def test_daemon_down_means_every_block_recomputed_and_saves_dropped(daemon: DaemonProcess) -> None:
-    src, dst = tensors(1), tensors(2)
+    src = tensors(1)
     a = worker(daemon.url, src)
     try:
         ks = keys(2, salt=3)
@@ -173,7 +162,6 @@ def test_daemon_down_means_every_block_recomputed_and_saves_dropped(daemon: Daem
 
 
 def test_layout_mismatch_disables_but_still_answers_for_loads(daemon: DaemonProcess) -> None:
-    torch = _m()["torch"]
     bad = {n: torch.zeros(NUM_BLOCKS, 1, BS, 64) for n in ("l0", "l1")}  # 1 head, not 2
     w = worker(daemon.url, bad)
     try:

@@ -479,6 +479,7 @@ def test_block_written_by_a_is_found_by_b(tmp_path):
     assert len(b) == 0
     assert b.contains(NS, key(1))               # index miss -> the file
     assert len(b) == 1 and b.used_bytes == HEADER_BYTES + 6
+    assert b.indexed_bytes(NS, key(1)) == 6 and b.indexed_bytes(NS, key(9)) is None
     assert b.read(NS, key(1)) == b"from a"
     out = bytearray(6)
     a.write(NS, key(2), b"second")
