@@ -307,3 +307,37 @@ def test_kill_9_during_a_storm_of_saves_loses_nothing_acknowledged(tmp_path: Pat
             await d.stop(0)
 
     asyncio.run(check())
+
+
+async def test_a_really_full_filesystem(daemon_factory: Any) -> None:
+    """ENOSPC from the kernel, on a 256 KiB tmpfs (needs root, as CI runs)."""
+    import subprocess
+    mnt = tempfile.mkdtemp(prefix="kvk-full-", dir="/tmp")
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", mnt],
+                      capture_output=True).returncode != 0:
+        os.rmdir(mnt)
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    try:
+        d = await daemon_factory(**disk_cfg(os.path.join(mnt, "tier"), capacity_bytes=64 << 20))
+        c = await connect(d)
+        saved: list[tuple[bytes, bytes]] = []
+        with pytest.raises(ResourceExhaustedError) as info:
+            for i in range(64):
+                k, b = keys(1, salt=300 + i), blocks(1, seed=300 + i)
+                await c.save(k, b)
+                saved.append((k[0], b[0]))
+        assert "full" in info.value.details
+        assert saved, "the filesystem should take a few blocks before it fills"
+        assert d.disk.store.io_errors >= 1
+        # Reads go on: what was acknowledged still loads.
+        k0, b0 = saved[0]
+        m = await c.match([k0], lease=True)
+        assert m.matched == 1 and (await c.load(m.lease_id)) == [b0]
+        await c.release(m.lease_id)
+        d.disk.index.check_invariants()
+        d.ledger.check_invariants()
+        await c.close()
+        await d.stop(0)
+    finally:
+        subprocess.run(["umount", mnt], capture_output=True)
+        os.rmdir(mnt)
