@@ -36,6 +36,14 @@ class ResourceExhausted(ClientError):
     """Not enough free or evictable capacity; nothing was reserved."""
 
 
+class Unauthenticated(ClientError):
+    """No credentials where the listener needs them, or credentials nobody issued."""
+
+
+class PermissionDenied(ClientError):
+    """Valid credentials that do not cover this namespace or this RPC."""
+
+
 class Unavailable(KVKeeperError):
     """The daemon is shutting down or a tier cannot be reached; retry later."""
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-GENERATED = ["kvkeeper_pb2.py", "kvkeeper_pb2.pyi", "kvkeeper_pb2_grpc.py"]
+PROTOS = ["kvkeeper", "admin"]
+GENERATED = [f"{name}{suffix}" for name in PROTOS for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")]
 
 
 def test_committed_stubs_match_proto(tmp_path: Path) -> None:
@@ -20,7 +21,8 @@ def test_committed_stubs_match_proto(tmp_path: Path) -> None:
     for name in GENERATED:
         (tmp_path / "proto/kvkeeper/v1" / name).unlink()
     subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-I", "proto", "--python_out=proto",
-                    "--pyi_out=proto", "--grpc_python_out=proto", "proto/kvkeeper/v1/kvkeeper.proto"],
+                    "--pyi_out=proto", "--grpc_python_out=proto",
+                    *(f"proto/kvkeeper/v1/{name}.proto" for name in PROTOS)],
                    check=True, cwd=tmp_path)
     drift = [n for n in GENERATED
              if not filecmp.cmp(ROOT / "proto/kvkeeper/v1" / n, tmp_path / "proto/kvkeeper/v1" / n,
@@ -31,6 +33,13 @@ def test_committed_stubs_match_proto(tmp_path: Path) -> None:
 def test_gen_script_uses_the_same_command() -> None:
     script = (ROOT / "tools/gen_proto.sh").read_text()
     assert "-I proto --python_out=proto --pyi_out=proto --grpc_python_out=proto" in script
+    for name in PROTOS:
+        assert f"proto/kvkeeper/v1/{name}.proto" in script, name
+
+
+def test_every_proto_is_covered_by_the_drift_check() -> None:
+    protos = sorted(p.stem for p in (ROOT / "proto/kvkeeper/v1").glob("*.proto"))
+    assert protos == sorted(PROTOS)
 
 
 def test_wheel_installs_only_under_kvkeeper(tmp_path: Path) -> None:
@@ -42,5 +51,6 @@ def test_wheel_installs_only_under_kvkeeper(tmp_path: Path) -> None:
     assert tops == {"kvkeeper"}, tops
     names = zipfile.ZipFile(wheel).namelist()
     for module in ("kvkeeper/server/ledger/ledger.py", "kvkeeper/client/aio.py",
-                   "kvkeeper/v1/kvkeeper_pb2_grpc.py", "kvkeeper/connector/__init__.py"):
+                   "kvkeeper/v1/kvkeeper_pb2_grpc.py", "kvkeeper/v1/admin_pb2_grpc.py",
+                   "kvkeeper/connector/__init__.py"):
         assert module in names, module

@@ -20,6 +20,8 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (errors.FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.OutOfRange, grpc.StatusCode.OUT_OF_RANGE),
     (errors.ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (errors.PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
 )
 

@@ -62,9 +62,9 @@ other live daemons' fresh tmp files are left alone.
 
 Integrity. Open rebuilds the index from headers only (magic, version, sizes,
 header CRC, path agreement; 100k blocks took ~1.5-2.4 s here from the page
-cache, as after kill -9, and ~10-15 s cold); a bad header is quarantined. Every read checks
-the header against the requested namespace/key/length and the payload against
-its CRC32; a failure raises CorruptBlock and moves the file to quarantine/
+cache, as after kill -9, and ~10-15 s cold); a bad header is quarantined.
+Every read checks the header against the requested namespace/key/length and
+the payload against its CRC32; a failure raises CorruptBlock and moves the file to quarantine/
 (a rename, so the evidence is kept), so a corrupt block is a miss, never data.
 
 Several daemons, one directory. Each keeps its own in-memory index; a miss
