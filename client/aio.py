@@ -373,8 +373,12 @@ class AsyncClient:
         return None
 
     def _check_keys(self, keys: Sequence[bytes]) -> List[bytes]:
-        out = [bytes(k) for k in keys]
         kb = self._key_bytes
+        # Fast path, C-level passes only: a list of bytes of the right length.
+        if (type(keys) is list and set(map(type, keys)) <= {bytes}
+                and (not kb or set(map(len, keys)) <= {kb})):
+            return keys
+        out = [bytes(k) for k in keys]
         if kb:
             for i, k in enumerate(out):
                 if len(k) != kb:

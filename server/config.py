@@ -25,7 +25,10 @@ Value syntax:
 * addresses: ``"host:port"`` (``"[::1]:50051"`` for IPv6); ``""`` disables that listener.
 * ``listen.socket_mode``: an integer (write ``0o660`` in TOML) or an octal string ``"0660"``.
 * ``listen.socket``: relative paths are resolved against the working directory when the
-  configuration is loaded; ``""`` disables the unix socket.
+  configuration is loaded; ``""`` disables the unix socket. So are ``auth.tokens_file`` and the
+  ``tls.*`` files.
+* booleans: ``true``/``false`` in TOML; ``true``/``false``/``1``/``0``/``yes``/``no`` in the
+  environment and flags.
 
 The file is strict about types (``key_bytes = "32"`` is an error); environment variables and
 flags are text, so there ``"32"`` is read as an integer. Environment variables whose name starts
@@ -61,6 +64,7 @@ CONFIG_ENV = "KVKEEPER_CONFIG"
 HOST_HEADER_BYTES = 4096
 PAGE_ALIGN = 4096
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_FORMATS = ("text", "json")
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -89,6 +93,8 @@ class ListenSection:
                        "unix socket path, resolved against the working directory; \"\" disables")
     tcp: str = _opt("127.0.0.1:50051", "address", "TCP \"host:port\" for gRPC; \"\" disables")
     socket_mode: int = _opt(0o660, "mode", "permission bits of the unix socket")
+    socket_group: str = _opt("", "group", "group (name or gid) given the unix socket and the "
+                             "arena, so its members may connect and map; \"\" keeps the daemon's")
 
 
 @dataclass(frozen=True)
@@ -148,6 +154,34 @@ class ServerSection:
                                   min=64 * KiB, max=(1 << 31) - 1)
     log_level: str = _opt("info", "choice", "logging level", choices=LOG_LEVELS,
                           aliases={"warn": "warning", "fatal": "critical"})
+    log_format: str = _opt("text", "choice", "text: one human line per event; json: one JSON "
+                           "object per line (ts, level, logger, msg, extra fields)",
+                           choices=LOG_FORMATS)
+    eviction_storm_blocks: int = _opt(10000, "int", "capacity evictions within 10 s that are "
+                                      "logged as an eviction storm; 0 disables", min=0)
+
+
+@dataclass(frozen=True)
+class AdminSection:
+    enabled: bool = _opt(True, "bool", "serve kvkeeper.v1.KVKeeperAdmin (ls, inspect, evict, "
+                         "drain, verify) on the listeners")
+
+
+@dataclass(frozen=True)
+class AuthSection:
+    tokens_file: str = _opt("", "path", "TOML file of bearer tokens (tenants, their models, "
+                            "admin) and per-namespace quotas; \"\" disables tokens")
+    allow_insecure_tcp: bool = _opt(False, "bool", "let listen.tcp bind a non-loopback address "
+                                    "with neither tokens nor mutual TLS (only behind a "
+                                    "firewall or a container network you trust)")
+
+
+@dataclass(frozen=True)
+class TlsSection:
+    cert_file: str = _opt("", "path", "PEM certificate chain of the TCP listener; \"\": plain TCP")
+    key_file: str = _opt("", "path", "PEM private key of cert_file")
+    client_ca_file: str = _opt("", "path", "PEM CA bundle: TCP clients must present a "
+                               "certificate it signed (mutual TLS); \"\": not asked")
 
 
 @dataclass(frozen=True)
@@ -158,6 +192,9 @@ class Config:
     disk_tier: DiskTierSection = field(default_factory=DiskTierSection)
     ledger: LedgerSection = field(default_factory=LedgerSection)
     server: ServerSection = field(default_factory=ServerSection)
+    admin: AdminSection = field(default_factory=AdminSection)
+    auth: AuthSection = field(default_factory=AuthSection)
+    tls: TlsSection = field(default_factory=TlsSection)
     # "section.key" -> where the value came from ("default", "environment variable ...").
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -198,6 +235,7 @@ CLI_FLAGS: dict[str, str] = {
     "disk_tier.capacity_bytes": "--disk-capacity",
     "ledger.eviction_policy": "--policy",
     "server.log_level": "--log-level",
+    "server.log_format": "--log-format",
 }
 
 
@@ -233,6 +271,9 @@ _NUM_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*$")
 _DUR_PART_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)", re.IGNORECASE)
 _DUR_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _SHM_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+_GROUP_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9._-]{0,31}\$?|\d+)$")
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
 
 
 def _type_name(v: Any) -> str:
@@ -324,6 +365,19 @@ def _parse_int(value: Any, text: bool) -> int:
     return value
 
 
+def _parse_bool(value: Any, text: bool) -> bool:
+    if isinstance(value, bool):
+        return value
+    if text and isinstance(value, str):
+        v = value.strip().lower()
+        if v in _TRUE:
+            return True
+        if v in _FALSE:
+            return False
+        raise ValueError(f"{value!r} is not a boolean; write true or false")
+    raise ValueError(f"expected a boolean (true or false), got {_type_name(value)}")
+
+
 def _parse_mode(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ValueError(f"expected permission bits (0o660 or \"0660\"), got {_type_name(value)}")
@@ -345,7 +399,7 @@ def _convert(f: Any, raw: Any, text: bool) -> Any:
     """Convert one raw value for field `f`; `text` is True for env/flag sources. ValueError."""
     meta = f.metadata
     kind = meta["kind"]
-    if kind in ("path", "address", "dir", "shm_name", "choice"):
+    if kind in ("path", "address", "dir", "shm_name", "choice", "group"):
         if not isinstance(raw, str):
             raise ValueError(f"expected a string, got {_type_name(raw)}")
         value: Any = raw
@@ -355,6 +409,8 @@ def _convert(f: Any, raw: Any, text: bool) -> Any:
             raise ValueError("must not be empty")
         elif kind == "shm_name" and value and not _SHM_NAME_RE.match(value):
             raise ValueError(f"{value!r} is not a segment name: use 1-200 of A-Z a-z 0-9 . _ -")
+        elif kind == "group" and value and not _GROUP_RE.match(value):
+            raise ValueError(f"{value!r} is not a group name or a numeric gid")
         elif kind == "choice":
             value = value.strip().lower()
             value = meta.get("aliases", {}).get(value, value)
@@ -373,6 +429,8 @@ def _convert(f: Any, raw: Any, text: bool) -> Any:
         value = _parse_int(raw, text)
     elif kind == "mode":
         value = _parse_mode(raw)
+    elif kind == "bool":
+        value = _parse_bool(raw, text)
     else:  # pragma: no cover
         raise AssertionError(kind)
     if kind in ("size", "duration", "int"):
@@ -550,12 +608,16 @@ def _resolve_paths(config: Config, cwd: str) -> Config:
     if sock:
         sock = os.path.normpath(os.path.join(cwd, os.path.expanduser(sock)))
     shm = os.path.normpath(os.path.join(cwd, os.path.expanduser(config.host_tier.shm_dir)))
-    disk = config.disk_tier.path
-    if disk:
-        disk = os.path.normpath(os.path.join(cwd, os.path.expanduser(disk)))
+    def resolve(path: str) -> str:
+        return os.path.normpath(os.path.join(cwd, os.path.expanduser(path))) if path else ""
+
+    tls = config.tls
     return replace(config, listen=replace(config.listen, socket=sock),
                    host_tier=replace(config.host_tier, shm_dir=shm),
-                   disk_tier=replace(config.disk_tier, path=disk))
+                   disk_tier=replace(config.disk_tier, path=resolve(config.disk_tier.path)),
+                   auth=replace(config.auth, tokens_file=resolve(config.auth.tokens_file)),
+                   tls=replace(tls, cert_file=resolve(tls.cert_file), key_file=resolve(tls.key_file),
+                               client_ca_file=resolve(tls.client_ca_file)))
 
 
 def _validate(c: Config, b: _Builder) -> None:
@@ -577,6 +639,17 @@ def _validate(c: Config, b: _Builder) -> None:
             "no listener enabled: listen.socket (from "
             f"{b.source('listen.socket')}) and listen.tcp (from {b.source('listen.tcp')}) are "
             "both empty; set at least one", key="listen", source=b.source("listen.tcp"))
+    tls = c.tls
+    if bool(tls.cert_file) != bool(tls.key_file):
+        key = "tls.key_file" if tls.cert_file else "tls.cert_file"
+        raise b.fail(key, "tls.cert_file and tls.key_file go together: set both or neither",
+                     getattr(tls, key.split(".")[1]))
+    if tls.client_ca_file and not tls.cert_file:
+        raise b.fail("tls.client_ca_file", "mutual TLS needs the listener's own certificate: "
+                     "set tls.cert_file and tls.key_file too", tls.client_ca_file)
+    if tls.cert_file and not c.listen.tcp:
+        raise b.fail("tls.cert_file", "TLS applies to listen.tcp, which is disabled",
+                     tls.cert_file)
     if c.listen.tcp and c.metrics.address and \
             parse_address(c.listen.tcp) == parse_address(c.metrics.address) and \
             parse_address(c.listen.tcp)[1] != 0:
@@ -595,6 +668,8 @@ def render_toml(config: Config, *, with_sources: bool = True) -> str:
         for key, value in values.items():
             if key == "socket_mode":
                 text = f"0o{value:03o}"
+            elif isinstance(value, bool):
+                text = "true" if value else "false"
             elif isinstance(value, str):
                 text = json.dumps(value)
             else:

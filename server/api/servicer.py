@@ -19,12 +19,13 @@ from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 from ..errors import FailedPrecondition, Unavailable
 from ..ids import SessionId
 from ..ledger import Ledger
-from .convert import SLOT_TO_PB, descriptor_from_pb, extents_to_pb, tier_to_pb
+from .convert import SLOT_TO_PB, descriptor_from_pb, tier_to_pb
 from .status import status_for
 
 log = logging.getLogger("kvkeeper.api")
 
-STREAM_CHUNK_BYTES = 4 << 20
+# 1 MiB: 4 MiB chunks overflow the L2 cache and measured slower end to end.
+STREAM_CHUNK_BYTES = 1 << 20
 
 
 def _observed(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -124,21 +125,27 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             r = await self.disk.match(sid, request.keys, lease=request.lease)
         else:
             r = self.ledger.match(sid, request.keys, lease=request.lease, now=self.clock())
-        return pb.MatchResponse(matched=r.matched, tiers=[tier_to_pb(t) for t in r.tiers],
-                                lease_id=r.lease_id or 0)
+        tiers = r.tiers
+        if tiers and tiers.count(tiers[0]) == len(tiers):
+            pb_tiers = [tier_to_pb(tiers[0])] * len(tiers)
+        else:
+            pb_tiers = [tier_to_pb(t) for t in tiers]
+        return pb.MatchResponse(matched=r.matched, tiers=pb_tiers, lease_id=r.lease_id or 0)
 
     @_observed
     async def Load(self, request: pb.LoadRequest, context: Any) -> pb.LoadResponse:
         lease = self.ledger.lease(SessionId(request.session_id), request.lease_id, self.clock())
-        refs = []
+        resp = pb.LoadResponse()
         nbytes = 0
+        # Built in place with add(): about half the cost of building and copying sub-messages.
         for b in lease.blocks:
             algo, value = b.checksum or (0, 0)
-            refs.append(pb.BlockRef(key=b.key, extents=extents_to_pb(self._extents(b)),
-                                    checksum_algo=algo, checksum=value))
+            ref = resp.blocks.add(key=b.key, checksum_algo=algo, checksum=value)
+            for o, n in self._extents(b):
+                ref.extents.add(offset=o, length=n)
             nbytes += b.ns.block_bytes
         self.metrics.observe_transfer("load", "shm", nbytes, None)
-        return pb.LoadResponse(blocks=refs)
+        return resp
 
     @_observed_stream
     async def LoadStream(self, request: pb.LoadRequest, context: Any) -> AsyncIterator[pb.BlockChunk]:
@@ -172,14 +179,14 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         now = self.clock()
         stream = request.transport == pb.TRANSPORT_STREAM
         r = self.ledger.reserve(SessionId(request.session_id), request.keys, now, track_writes=stream)
-        slots = []
-        for status, b in zip(r.statuses, r.blocks):
-            slot = pb.SaveSlot(status=SLOT_TO_PB[status])
-            if b is not None and not stream:
-                slot.extents.extend(extents_to_pb(self._extents(b)))
-            slots.append(slot)
-        return pb.ReserveSaveResponse(reservation_id=r.reservation_id or 0, slots=slots,
+        resp = pb.ReserveSaveResponse(reservation_id=r.reservation_id or 0,
                                       expires_in_seconds=r.expires_at - now)
+        for status, b in zip(r.statuses, r.blocks):
+            slot = resp.slots.add(status=SLOT_TO_PB[status])
+            if b is not None and not stream:
+                for o, n in self._extents(b):
+                    slot.extents.add(offset=o, length=n)
+        return resp
 
     @_observed
     async def WriteBlocks(self, request_iterator: Any, context: Any) -> pb.WriteBlocksResponse:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
-from typing import Collection, Iterable, Optional, Sequence
+from typing import Collection, Iterable, Mapping, Optional, Sequence
 
 from ..errors import (FailedPrecondition, InvalidArgument, InvariantViolation, NotFound,
                       OutOfRange, ResourceExhausted)
 from ..ids import BlockKey, LeaseId, NamespaceId, ReservationId, SessionId, TierName
 from .pages import iter_pages
+from .quota import check_quota, quota_for
 from .records import Block, Lease, Namespace, NamespaceDescriptor, Reservation, Session
 from .states import BlockState, Event, next_state
 from .tier import Tier, TierSpec
@@ -61,10 +62,13 @@ class ExpiryReport:
 
 
 class Ledger:
-    def __init__(self, config: LedgerConfig) -> None:
+    def __init__(self, config: LedgerConfig, quotas: Optional[Mapping[str, int]] = None) -> None:
         if not config.tiers:
             raise ValueError("the ledger needs at least one tier")
         self.config = config
+        # Model id (or "*") -> host-tier bytes per namespace (see quota.py). Not part of
+        # the frozen config: a reload replaces it while sessions go on.
+        self.quotas: dict[str, int] = dict(quotas or {})
         self.tiers: dict[TierName, Tier] = {t.name: Tier(t, config.policy) for t in config.tiers}
         # New blocks land in the first tier; lower tiers come with later issues.
         self.top: Tier = self.tiers[config.tiers[0].name]
@@ -193,10 +197,14 @@ class Ledger:
                 else:
                     b.hits += 1
                 b.last_used = now
-            for i, b in enumerate(hit):
-                if i not in counted_elsewhere:
-                    b.tier.hit_blocks += 1
-                    b.tier.hit_tokens += block_tokens
+            if hit and not counted_elsewhere and len(self.tiers) == 1:
+                self.top.hit_blocks += len(hit)
+                self.top.hit_tokens += len(hit) * block_tokens
+            else:
+                for i, b in enumerate(hit):
+                    if i not in counted_elsewhere:
+                        b.tier.hit_blocks += 1
+                        b.tier.hit_tokens += block_tokens
         lease_id = None
         if lease and hit:
             for b in hit:
@@ -205,7 +213,9 @@ class Ledger:
             self._next_lease += 1
             self.leases[lease_id] = Lease(lease_id, session, hit)
             session.leases.add(lease_id)
-        return MatchResult(len(hit), [b.tier.name for b in hit], lease_id)
+        tiers = ([self.top.name] * len(hit) if len(self.tiers) == 1
+                 else [b.tier.name for b in hit])
+        return MatchResult(len(hit), tiers, lease_id)
 
     def lease(self, sid: SessionId, lease_id: int, now: float) -> Lease:
         session = self.session(sid, now)
@@ -279,6 +289,12 @@ class Ledger:
         if not new:
             return ReserveResult(None, statuses, [None] * len(keys), expires_at)
         needed = len(new) * ns.pages_per_block
+        if self.quotas:
+            quota = quota_for(self.quotas, ns.descriptor.model_id)
+            if quota is not None:
+                check_quota(namespace=ns.id.hex(), model_id=ns.descriptor.model_id,
+                            quota_bytes=quota, used_bytes=ns.used_pages * tier.page_bytes,
+                            needed_bytes=needed * tier.page_bytes, blocks=len(new))
         protected = len(present) * ns.pages_per_block
         evictable = tier.evictable_pages - protected
         if needed > tier.free_pages + evictable:
@@ -300,9 +316,10 @@ class Ledger:
         entries: list[Optional[Block]] = [None] * len(keys)
         for i in new:
             key = BlockKey(bytes(keys[i]))
-            next_state(key.hex()[:16], S.ABSENT, E.RESERVE)
+            next_state(key, S.ABSENT, E.RESERVE)
             b = Block(key, ns, tier, tier.pages.alloc(ns.pages_per_block), now)
             ns.blocks[key] = b
+            ns.used_pages += ns.pages_per_block
             tier.blocks += 1
             tier.pending_blocks += 1
             entries[i] = b
@@ -372,7 +389,7 @@ class Ledger:
         for i, b in reversed(list(enumerate(res.entries))):  # tail first, as in match()
             if b is None:
                 continue
-            b.state = next_state(b.label(), b.state, E.COMMIT)
+            b.state = next_state(b, b.state, E.COMMIT)
             if checksums:
                 b.checksum = (checksum_algo, checksums[i])
             b.last_used = now
@@ -432,14 +449,14 @@ class Ledger:
 
     # ------------------------------------------------------------ internals
     def _pin(self, b: Block) -> None:
-        next_state(b.label(), b.state, E.PIN, b.refs)
+        next_state(b, b.state, E.PIN, b.refs)
         if b.refs == 0:
             b.tier.policy.remove(b)
             b.tier.evictable_pages -= b.ns.pages_per_block
         b.refs += 1
 
     def _unpin(self, b: Block, now: float) -> None:
-        next_state(b.label(), b.state, E.UNPIN, b.refs)
+        next_state(b, b.state, E.UNPIN, b.refs)
         b.refs -= 1
         b.last_used = now
         if b.refs == 0:
@@ -455,9 +472,10 @@ class Ledger:
 
     def _drop(self, b: Block, event: Event, reason: str) -> None:
         """Remove `b` from the ledger and free its pages. It is already unlinked."""
-        b.state = next_state(b.label(), b.state, event, b.refs)
+        b.state = next_state(b, b.state, event, b.refs)
         tier = b.tier
         tier.pages.free(b.pages, b.ns.pages_per_block)
+        b.ns.used_pages -= b.ns.pages_per_block
         tier.blocks -= 1
         tier.evictions[reason] += 1
         del b.ns.blocks[b.key]
@@ -477,6 +495,10 @@ class Ledger:
                     bad(f"lease {lease.id} holds {b.label()} in state {b.state.value}")
                 lease_refs[id(b)] = lease_refs.get(id(b), 0) + 1
         pending_ids = {id(b) for r in self.reservations.values() for b in r.blocks}
+        for ns in self.namespaces.values():
+            if ns.used_pages != len(ns.blocks) * ns.pages_per_block:
+                bad(f"namespace {ns.id.hex()[:8]} counts {ns.used_pages} pages but its "
+                    f"{len(ns.blocks)} blocks hold {len(ns.blocks) * ns.pages_per_block}")
         for tier in self.tiers.values():
             owned: set[int] = set()
             used = evictable = blocks = pending = 0

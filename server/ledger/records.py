@@ -50,7 +50,7 @@ class NamespaceDescriptor:
 
 
 class Namespace:
-    __slots__ = ("id", "descriptor", "pages_per_block", "blocks", "sessions")
+    __slots__ = ("id", "descriptor", "pages_per_block", "blocks", "sessions", "used_pages")
 
     def __init__(self, descriptor: NamespaceDescriptor, pages_per_block: int) -> None:
         self.id = descriptor.digest()
@@ -58,6 +58,8 @@ class Namespace:
         self.pages_per_block = pages_per_block
         self.blocks: dict[BlockKey, Block] = {}
         self.sessions = 0
+        # Pages its blocks hold in their tier (pending included): what a quota counts.
+        self.used_pages = 0
 
     @property
     def block_bytes(self) -> int:

@@ -20,6 +20,10 @@ from ..errors import InvalidTransition
 
 
 class BlockState(enum.Enum):
+    # Enum.__hash__ is a Python-level function; identity hashing is the same
+    # set of values and makes the table lookup on every transition cheaper.
+    __hash__ = object.__hash__
+
     ABSENT = "absent"
     PENDING = "pending-write"
     COMMITTED = "committed"
@@ -28,6 +32,8 @@ class BlockState(enum.Enum):
 
 
 class Event(enum.Enum):
+    __hash__ = object.__hash__
+
     RESERVE = "reserve"
     COMMIT = "commit"
     ABORT = "abort"
@@ -55,18 +61,29 @@ TRANSITIONS: dict[tuple[BlockState, Event], BlockState] = {
 REQUIRES_UNREFERENCED = frozenset({E.EVICT, E.RECLAIM})
 
 
-def next_state(block: str, state: BlockState, event: Event, refs: int = 0) -> BlockState:
-    """The state after `event`, or InvalidTransition naming block, state and event."""
+def _name(block: object) -> str:
+    """A block's name for an error: formatted only when an error is raised."""
+    if isinstance(block, (bytes, bytearray)):
+        return bytes(block).hex()[:16]
+    label = getattr(block, "label", None)
+    return label() if callable(label) else str(block)
+
+
+def next_state(block: object, state: BlockState, event: Event, refs: int = 0) -> BlockState:
+    """The state after `event`, or InvalidTransition naming block, state and event.
+
+    `block` is a name, a key, or an object with label(): the hot path passes
+    the object so that no string is built unless the transition is refused."""
     try:
         target = TRANSITIONS[(state, event)]
     except KeyError:
-        raise InvalidTransition(block, state.value, event.value) from None
-    if event in REQUIRES_UNREFERENCED and refs:
+        raise InvalidTransition(_name(block), state.value, event.value) from None
+    if refs and event in REQUIRES_UNREFERENCED:
         raise InvalidTransition(
-            block, f"{state.value} (refs={refs})", event.value,
+            _name(block), f"{state.value} (refs={refs})", event.value,
             "only unreferenced blocks can be evicted or reclaimed",
         )
-    if event is E.UNPIN and refs <= 0:
-        raise InvalidTransition(block, f"{state.value} (refs=0)", event.value,
+    if refs <= 0 and event is E.UNPIN:
+        raise InvalidTransition(_name(block), f"{state.value} (refs=0)", event.value,
                                 "a reference count never goes negative")
     return target

@@ -59,6 +59,7 @@ def snapshot(led: Ledger) -> dict[str, Any]:
             "descriptor": ns.descriptor,
             "ppb": ns.pages_per_block,
             "sessions": ns.sessions,
+            "used_pages": ns.used_pages,
             "blocks": {bytes(k): (b.state, b.refs, b.hits, b.last_used, b.pages, b.checksum,
                                   b.tier.name, b.prev is None, b.next is None)
                        for k, b in ns.blocks.items()},
