@@ -24,7 +24,3 @@ def descriptor_from_pb(d: "pb.NamespaceDescriptor") -> NamespaceDescriptor:
 
 def tier_to_pb(name: TierName) -> int:
     return TIER_TO_PB.get(name, pb.TIER_UNSPECIFIED)
-
-
-def extents_to_pb(extents: list[tuple[int, int]]) -> list["pb.Extent"]:
-    return [pb.Extent(offset=o, length=n) for o, n in extents]

@@ -1,6 +1,6 @@
 """`kvkeeper bench`: the ledger, control-plane and data-plane benchmarks.
 
-    kvkeeper bench {ledger,control,data,all} [--json] [--quick] [--out FILE]
+    kvkeeper bench {ledger,control,data,disk,all} [--json] [--quick] [--out FILE]
 
 Every result carries its baseline, measured again in the same run side by
 side (see result.py for the JSON shape). --json prints the results as one
@@ -20,7 +20,7 @@ from typing import Callable, Optional, Sequence
 
 from .result import Result, render_table, to_json
 
-BENCHES = ("ledger", "control", "data")
+BENCHES = ("ledger", "control", "data", "disk")
 
 
 def _runner(name: str) -> Callable[..., list[Result]]:
@@ -30,6 +30,8 @@ def _runner(name: str) -> Callable[..., list[Result]]:
         from .control_bench import run
     elif name == "data":
         from .data_bench import run
+    elif name == "disk":
+        from .disk_bench import run
     else:  # pragma: no cover - argparse checks the choice
         raise ValueError(name)
     return run

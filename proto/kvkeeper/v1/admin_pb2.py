@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from kvkeeper.v1 import kvkeeper_pb2 as kvkeeper_dot_v1_dot_kvkeeper__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kvkeeper/v1/admin.proto\x12\x0bkvkeeper.v1\x1a\x1akvkeeper/v1/kvkeeper.proto\"\x17\n\x15ListNamespacesRequest\"K\n\tTierUsage\x12\x1f\n\x04tier\x18\x01 \x01(\x0e\x32\x11.kvkeeper.v1.Tier\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\"\xbd\x01\n\rNamespaceInfo\x12\x14\n\x0cnamespace_id\x18\x01 \x01(\x0c\x12\x12\n\nregistered\x18\x02 \x01(\x08\x12\x34\n\ndescriptor\x18\x03 \x01(\x0b\x32 .kvkeeper.v1.NamespaceDescriptor\x12%\n\x05tiers\x18\x04 \x03(\x0b\x32\x16.kvkeeper.v1.TierUsage\x12\x10\n\x08sessions\x18\x05 \x01(\r\x12\x13\n\x0bquota_bytes\x18\x06 \x01(\x04\"H\n\x16ListNamespacesResponse\x12.\n\nnamespaces\x18\x01 \x03(\x0b\x32\x1a.kvkeeper.v1.NamespaceInfo\"8\n\x13InspectBlockRequest\x12\x14\n\x0cnamespace_id\x18\x01 \x01(\x0c\x12\x0b\n\x03key\x18\x02 \x01(\x0c\"|\n\tBlockCopy\x12\x1f\n\x04tier\x18\x01 \x01(\x0e\x32\x11.kvkeeper.v1.Tier\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0c\n\x04refs\x18\x03 \x01(\r\x12\x0c\n\x04hits\x18\x04 \x01(\x04\x12\x14\n\x0cidle_seconds\x18\x05 \x01(\x01\x12\r\n\x05\x62ytes\x18\x06 \x01(\x04\"\x82\x01\n\x14InspectBlockResponse\x12&\n\x06\x63opies\x18\x01 \x03(\x0b\x32\x16.kvkeeper.v1.BlockCopy\x12\x30\n\rchecksum_algo\x18\x02 \x01(\x0e\x32\x19.kvkeeper.v1.ChecksumAlgo\x12\x10\n\x08\x63hecksum\x18\x03 \x01(\x04\"?\n\x0c\x45victRequest\x12\x16\n\x0cnamespace_id\x18\x01 \x01(\x0cH\x00\x12\r\n\x03\x61ll\x18\x02 \x01(\x08H\x00\x42\x08\n\x06target\"3\n\rEvictResponse\x12\x0f\n\x07\x65victed\x18\x01 \x01(\x04\x12\x11\n\tremaining\x18\x02 \x01(\x04\"\x0e\n\x0c\x44rainRequest\"N\n\rDrainResponse\x12\x11\n\tdisk_tier\x18\x01 \x01(\x08\x12\x19\n\x11open_reservations\x18\x02 \x01(\r\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\"\x0f\n\rVerifyRequest\"\xa4\x01\n\x0eVerifyProgress\x12\x11\n\tprocessed\x18\x01 \x01(\x04\x12\r\n\x05total\x18\x02 \x01(\x04\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\x12\x0f\n\x07\x63hecked\x18\x04 \x01(\x04\x12\x0b\n\x03\x62\x61\x64\x18\x05 \x01(\x04\x12\x0f\n\x07missing\x18\x06 \x01(\x04\x12\x13\n\x0bquarantined\x18\x07 \x01(\x04\x12\r\n\x05\x62ytes\x18\x08 \x01(\x04\x12\x0f\n\x07seconds\x18\t \x01(\x01\x32\x84\x03\n\rKVKeeperAdmin\x12Y\n\x0eListNamespaces\x12\".kvkeeper.v1.ListNamespacesRequest\x1a#.kvkeeper.v1.ListNamespacesResponse\x12S\n\x0cInspectBlock\x12 .kvkeeper.v1.InspectBlockRequest\x1a!.kvkeeper.v1.InspectBlockResponse\x12>\n\x05\x45vict\x12\x19.kvkeeper.v1.EvictRequest\x1a\x1a.kvkeeper.v1.EvictResponse\x12>\n\x05\x44rain\x12\x19.kvkeeper.v1.DrainRequest\x1a\x1a.kvkeeper.v1.DrainResponse\x12\x43\n\x06Verify\x12\x1a.kvkeeper.v1.VerifyRequest\x1a\x1b.kvkeeper.v1.VerifyProgress0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kvkeeper/v1/admin.proto\x12\x0bkvkeeper.v1\x1a\x1akvkeeper/v1/kvkeeper.proto\"\x17\n\x15ListNamespacesRequest\"K\n\tTierUsage\x12\x1f\n\x04tier\x18\x01 \x01(\x0e\x32\x11.kvkeeper.v1.Tier\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\"\xd2\x01\n\rNamespaceInfo\x12\x14\n\x0cnamespace_id\x18\x01 \x01(\x0c\x12\x12\n\nregistered\x18\x02 \x01(\x08\x12\x34\n\ndescriptor\x18\x03 \x01(\x0b\x32 .kvkeeper.v1.NamespaceDescriptor\x12%\n\x05tiers\x18\x04 \x03(\x0b\x32\x16.kvkeeper.v1.TierUsage\x12\x10\n\x08sessions\x18\x05 \x01(\r\x12\x18\n\x0bquota_bytes\x18\x06 \x01(\x04H\x00\x88\x01\x01\x42\x0e\n\x0c_quota_bytes\"H\n\x16ListNamespacesResponse\x12.\n\nnamespaces\x18\x01 \x03(\x0b\x32\x1a.kvkeeper.v1.NamespaceInfo\"8\n\x13InspectBlockRequest\x12\x14\n\x0cnamespace_id\x18\x01 \x01(\x0c\x12\x0b\n\x03key\x18\x02 \x01(\x0c\"|\n\tBlockCopy\x12\x1f\n\x04tier\x18\x01 \x01(\x0e\x32\x11.kvkeeper.v1.Tier\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0c\n\x04refs\x18\x03 \x01(\r\x12\x0c\n\x04hits\x18\x04 \x01(\x04\x12\x14\n\x0cidle_seconds\x18\x05 \x01(\x01\x12\r\n\x05\x62ytes\x18\x06 \x01(\x04\"\x82\x01\n\x14InspectBlockResponse\x12&\n\x06\x63opies\x18\x01 \x03(\x0b\x32\x16.kvkeeper.v1.BlockCopy\x12\x30\n\rchecksum_algo\x18\x02 \x01(\x0e\x32\x19.kvkeeper.v1.ChecksumAlgo\x12\x10\n\x08\x63hecksum\x18\x03 \x01(\x04\"?\n\x0c\x45victRequest\x12\x16\n\x0cnamespace_id\x18\x01 \x01(\x0cH\x00\x12\r\n\x03\x61ll\x18\x02 \x01(\x08H\x00\x42\x08\n\x06target\"3\n\rEvictResponse\x12\x0f\n\x07\x65victed\x18\x01 \x01(\x04\x12\x11\n\tremaining\x18\x02 \x01(\x04\"\x0e\n\x0c\x44rainRequest\"N\n\rDrainResponse\x12\x11\n\tdisk_tier\x18\x01 \x01(\x08\x12\x19\n\x11open_reservations\x18\x02 \x01(\r\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\"\x0f\n\rVerifyRequest\"\xa4\x01\n\x0eVerifyProgress\x12\x11\n\tprocessed\x18\x01 \x01(\x04\x12\r\n\x05total\x18\x02 \x01(\x04\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\x12\x0f\n\x07\x63hecked\x18\x04 \x01(\x04\x12\x0b\n\x03\x62\x61\x64\x18\x05 \x01(\x04\x12\x0f\n\x07missing\x18\x06 \x01(\x04\x12\x13\n\x0bquarantined\x18\x07 \x01(\x04\x12\r\n\x05\x62ytes\x18\x08 \x01(\x04\x12\x0f\n\x07seconds\x18\t \x01(\x01\x32\x84\x03\n\rKVKeeperAdmin\x12Y\n\x0eListNamespaces\x12\".kvkeeper.v1.ListNamespacesRequest\x1a#.kvkeeper.v1.ListNamespacesResponse\x12S\n\x0cInspectBlock\x12 .kvkeeper.v1.InspectBlockRequest\x1a!.kvkeeper.v1.InspectBlockResponse\x12>\n\x05\x45vict\x12\x19.kvkeeper.v1.EvictRequest\x1a\x1a.kvkeeper.v1.EvictResponse\x12>\n\x05\x44rain\x12\x19.kvkeeper.v1.DrainRequest\x1a\x1a.kvkeeper.v1.DrainResponse\x12\x43\n\x06Verify\x12\x1a.kvkeeper.v1.VerifyRequest\x1a\x1b.kvkeeper.v1.VerifyProgress0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,27 +37,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TIERUSAGE']._serialized_start=93
   _globals['_TIERUSAGE']._serialized_end=168
   _globals['_NAMESPACEINFO']._serialized_start=171
-  _globals['_NAMESPACEINFO']._serialized_end=360
-  _globals['_LISTNAMESPACESRESPONSE']._serialized_start=362
-  _globals['_LISTNAMESPACESRESPONSE']._serialized_end=434
-  _globals['_INSPECTBLOCKREQUEST']._serialized_start=436
-  _globals['_INSPECTBLOCKREQUEST']._serialized_end=492
-  _globals['_BLOCKCOPY']._serialized_start=494
-  _globals['_BLOCKCOPY']._serialized_end=618
-  _globals['_INSPECTBLOCKRESPONSE']._serialized_start=621
-  _globals['_INSPECTBLOCKRESPONSE']._serialized_end=751
-  _globals['_EVICTREQUEST']._serialized_start=753
-  _globals['_EVICTREQUEST']._serialized_end=816
-  _globals['_EVICTRESPONSE']._serialized_start=818
-  _globals['_EVICTRESPONSE']._serialized_end=869
-  _globals['_DRAINREQUEST']._serialized_start=871
-  _globals['_DRAINREQUEST']._serialized_end=885
-  _globals['_DRAINRESPONSE']._serialized_start=887
-  _globals['_DRAINRESPONSE']._serialized_end=965
-  _globals['_VERIFYREQUEST']._serialized_start=967
-  _globals['_VERIFYREQUEST']._serialized_end=982
-  _globals['_VERIFYPROGRESS']._serialized_start=985
-  _globals['_VERIFYPROGRESS']._serialized_end=1149
-  _globals['_KVKEEPERADMIN']._serialized_start=1152
-  _globals['_KVKEEPERADMIN']._serialized_end=1540
+  _globals['_NAMESPACEINFO']._serialized_end=381
+  _globals['_LISTNAMESPACESRESPONSE']._serialized_start=383
+  _globals['_LISTNAMESPACESRESPONSE']._serialized_end=455
+  _globals['_INSPECTBLOCKREQUEST']._serialized_start=457
+  _globals['_INSPECTBLOCKREQUEST']._serialized_end=513
+  _globals['_BLOCKCOPY']._serialized_start=515
+  _globals['_BLOCKCOPY']._serialized_end=639
+  _globals['_INSPECTBLOCKRESPONSE']._serialized_start=642
+  _globals['_INSPECTBLOCKRESPONSE']._serialized_end=772
+  _globals['_EVICTREQUEST']._serialized_start=774
+  _globals['_EVICTREQUEST']._serialized_end=837
+  _globals['_EVICTRESPONSE']._serialized_start=839
+  _globals['_EVICTRESPONSE']._serialized_end=890
+  _globals['_DRAINREQUEST']._serialized_start=892
+  _globals['_DRAINREQUEST']._serialized_end=906
+  _globals['_DRAINRESPONSE']._serialized_start=908
+  _globals['_DRAINRESPONSE']._serialized_end=986
+  _globals['_VERIFYREQUEST']._serialized_start=988
+  _globals['_VERIFYREQUEST']._serialized_end=1003
+  _globals['_VERIFYPROGRESS']._serialized_start=1006
+  _globals['_VERIFYPROGRESS']._serialized_end=1170
+  _globals['_KVKEEPERADMIN']._serialized_start=1173
+  _globals['_KVKEEPERADMIN']._serialized_end=1561
 # @@protoc_insertion_point(module_scope)

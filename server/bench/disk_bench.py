@@ -1,0 +1,163 @@
+"""Disk tier: DiskStore save/load GB/s against raw file I/O of the same bytes,
+and restart (index rebuild) time against the number of blocks on disk.
+
+Save: DiskStore.write (CRC32, tmp file, write, fsync, rename, directory fsync)
+against open + write + fsync + close of one new file per block. Load:
+DiskStore.read_into (header check, preadv, CRC32 verify) against open + preadv
++ close, both from a warm page cache. Both sides run on the daemon's disk
+thread-pool width (4 threads), alternating within each round.
+Restart: DiskStore.open of a directory of N blocks (warm cache, as after
+kill -9) against a bare os.scandir walk of the same tree, the floor of any
+index rebuild from a directory.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+import numpy as np
+
+from ..tiers.disk import DiskStore
+from .result import Result
+
+KiB, MiB = 1 << 10, 1 << 20
+NS = bytes(range(16))
+THREADS = 4
+
+
+def _par(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: list[Any]) -> float:
+    t0 = time.perf_counter()
+    list(pool.map(fn, items))
+    return time.perf_counter() - t0
+
+
+def _raw_write(args: tuple[str, Any]) -> None:
+    path, data = args
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
+    try:
+        mv = memoryview(data)
+        off = 0
+        while off < len(mv):
+            off += os.pwrite(fd, mv[off:], off)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _raw_read(args: tuple[str, Any]) -> None:
+    path, out = args
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.preadv(fd, [out], 0)
+    finally:
+        os.close(fd)
+
+
+def _walk(top: str) -> int:
+    n = 0
+    stack = [top]
+    while stack:
+        with os.scandir(stack.pop()) as it:
+            for e in it:
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+                else:
+                    n += 1
+    return n
+
+
+def _throughput(root: str, quick: bool, log: Callable[[str], None]) -> list[Result]:
+    total = (16 if quick else 96) * MiB
+    rounds = 2 if quick else 3
+    results = []
+    rng = np.random.default_rng(0)
+    with ThreadPoolExecutor(THREADS) as pool:
+        for size in (256 * KiB, 1 * MiB, 4 * MiB):
+            n = max(4, total // size)
+            blocks = [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(n)]
+            outs = [np.empty(size, dtype=np.uint8) for _ in range(n)]
+            t: dict[str, list[float]] = {"ws": [], "wr": [], "rs": [], "rr": []}
+            for rnd in range(rounds + 1):  # round 0 warms up
+                shutil.rmtree(root, ignore_errors=True)
+                store, _ = DiskStore.open(os.path.join(root, "store"), owner_id="bench")
+                raw = os.path.join(root, "raw")
+                os.makedirs(raw)
+                keys = [os.urandom(32) for _ in range(n)]
+                paths = [os.path.join(raw, f"{i}") for i in range(n)]
+                steps = [
+                    ("ws", lambda: _par(pool, lambda kb: store.write(NS, kb[0], kb[1]),
+                                        list(zip(keys, blocks)))),
+                    ("wr", lambda: _par(pool, _raw_write, list(zip(paths, blocks)))),
+                ]
+                if rnd % 2:
+                    steps.reverse()
+                for k, fn in steps:
+                    dt = fn()
+                    if rnd:
+                        t[k].append(dt)
+                steps = [
+                    ("rs", lambda: _par(pool, lambda ko: store.read_into(NS, ko[0], ko[1]),
+                                        list(zip(keys, outs)))),
+                    ("rr", lambda: _par(pool, _raw_read, list(zip(paths, outs)))),
+                ]
+                if rnd % 2:
+                    steps.reverse()
+                for k, fn in steps:
+                    dt = fn()
+                    if rnd:
+                        t[k].append(dt)
+            nbytes = n * size
+            gbps = {k: nbytes / statistics.median(v) / 1e9 for k, v in t.items()}
+            label = f"{size // KiB}KiB" if size < MiB else f"{size // MiB}MiB"
+            params = {"block_bytes": size, "blocks": n, "threads": THREADS, "rounds": rounds}
+            results.append(Result(
+                f"disk.save_gbps.{label}", gbps["ws"], "GB/s",
+                "raw open+write+fsync+close per block", gbps["wr"], "higher", ">= 0.7",
+                params=params, note="DiskStore.write: CRC32, tmp, fsync, rename, directory fsync"))
+            results.append(Result(
+                f"disk.load_gbps.{label}", gbps["rs"], "GB/s",
+                "raw open+preadv+close per block (warm cache)", gbps["rr"], "higher", ">= 0.7",
+                params=params, note="DiskStore.read_into: header check, preadv, CRC32 verify"))
+            log(f"disk {label}: save {gbps['ws']:.2f} vs {gbps['wr']:.2f} GB/s, "
+                f"load {gbps['rs']:.2f} vs {gbps['rr']:.2f} GB/s")
+    return results
+
+
+def _restart(root: str, quick: bool, log: Callable[[str], None]) -> list[Result]:
+    results = []
+    counts = (2_000, 10_000) if quick else (10_000, 100_000)
+    payload = bytes(4096)
+    shutil.rmtree(root, ignore_errors=True)
+    store, _ = DiskStore.open(root, owner_id="bench", fsync=False)
+    have = 0
+    for n in counts:
+        for i in range(have, n):
+            store.write(NS, i.to_bytes(32, "little"), payload)
+        have = n
+        t0 = time.perf_counter()
+        files = _walk(os.path.join(root, "blocks"))
+        walk_s = time.perf_counter() - t0
+        _, report = DiskStore.open(root, owner_id="bench2")
+        assert report.blocks == n == files, (report.blocks, n, files)
+        results.append(Result(
+            f"disk.restart_seconds.{n // 1000}k", report.seconds, "s",
+            "os.scandir walk of the same directory tree", walk_s, "lower",
+            "< 5" if n >= 100_000 else None, target_of="value",
+            params={"blocks": n, "payload_bytes": len(payload), "cache": "warm (as after kill -9)"},
+            note="DiskStore.open: tmp cleanup + header scan + index rebuild"))
+        log(f"disk restart with {n} blocks: {report.seconds:.2f}s (walk {walk_s:.2f}s)")
+    return results
+
+
+def run(quick: bool = False, *, log: Callable[[str], None] = lambda s: None) -> list[Result]:
+    base = tempfile.mkdtemp(prefix="kvkeeper-diskbench-", dir=os.environ.get("KVKEEPER_BENCH_DIR"))
+    try:
+        return _throughput(os.path.join(base, "io"), quick, log) + \
+            _restart(os.path.join(base, "restart"), quick, log)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
