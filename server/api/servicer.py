@@ -86,6 +86,10 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         self.max_message_bytes = max_message_bytes
         self.clock = clock
         self.serving = True
+        # False after the admin Drain: ReserveSave answers UNAVAILABLE from then on.
+        self.accepting_saves = True
+        # Set when auth.tokens_file is: (context, model id) -> None or PermissionDenied.
+        self.authorize_namespace: Callable[[Any, str], None] | None = None
         self.arena_pb = pb.ShmArena(path=arena.path, size_bytes=arena.size_bytes,
                                     page_bytes=arena.page_bytes, arena_id=arena.arena_id)
 
@@ -95,6 +99,8 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
     # ------------------------------------------------------------ sessions
     @_observed
     async def RegisterSession(self, request: pb.RegisterSessionRequest, context: Any) -> pb.RegisterSessionResponse:
+        if self.authorize_namespace is not None:
+            self.authorize_namespace(context, request.namespace.model_id)
         s = self.ledger.register_session(
             request.instance_id, descriptor_from_pb(request.namespace), self.clock())
         d = s.ns.descriptor
@@ -176,6 +182,9 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
     # ------------------------------------------------------------ save
     @_observed
     async def ReserveSave(self, request: pb.ReserveSaveRequest, context: Any) -> pb.ReserveSaveResponse:
+        if not self.accepting_saves:
+            raise Unavailable("draining: this daemon accepts no new saves (kvkeeper drain) "
+                              "until it restarts; skip the save")
         now = self.clock()
         stream = request.transport == pb.TRANSPORT_STREAM
         r = self.ledger.reserve(SessionId(request.session_id), request.keys, now, track_writes=stream)

@@ -92,6 +92,15 @@ def test_data_quick(capsys: pytest.CaptureFixture[str], tmp_path: "os.PathLike[s
     assert by["data.shm_crc32.load_gbps.4MiB"]["target"] is None
 
 
+def test_disk_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    items = run_cli(capsys, "disk")
+    names = {f"disk.{d}_gbps.{s}" for d in ("save", "load") for s in ("256KiB", "1MiB", "4MiB")}
+    check_shape(items, "disk", names | {"disk.restart_seconds.2k", "disk.restart_seconds.10k"})
+    by = {r["name"]: r for r in items}
+    assert by["disk.save_gbps.1MiB"]["target"] == ">= 0.7"
+    assert by["disk.restart_seconds.10k"]["params"]["blocks"] == 10_000
+
+
 def test_usage_errors() -> None:
     assert bench.main(["nope"]) == 2
     assert bench.main([]) == 2

@@ -1,0 +1,236 @@
+"""The admin servicer (kvkeeper.v1.KVKeeperAdmin): a thin adapter for operators.
+
+Reads the ledger and the disk index, and calls what already exists for each
+action: Ledger.reclaim_unpinned (Evict), DiskTier.drain (Drain),
+DiskStore.verify_all in a worker thread (Verify). Errors become status codes
+in api.status only. Every action that changes something is logged once,
+with namespace ids and counts (never keys).
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+import time
+from collections import defaultdict
+from typing import Any, AsyncIterator, Callable, Optional
+
+import grpc
+
+from kvkeeper.v1 import admin_pb2 as apb
+from kvkeeper.v1 import admin_pb2_grpc as apb_grpc
+from kvkeeper.v1 import kvkeeper_pb2 as pb
+
+from ..errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from ..ids import DISK, NamespaceId
+from ..ledger import Ledger
+from ..ledger.quota import quota_for
+from ..tiers.disk_tier import INTERNAL_INSTANCE
+from .convert import tier_to_pb
+from .status import status_for
+
+log = logging.getLogger("kvkeeper.admin")
+
+NAMESPACE_ID_BYTES = 16
+# Verify reports progress about this many times, whatever the number of blocks.
+PROGRESS_STEPS = 100
+
+
+class _VerifyCancelled(Exception):
+    """Raised inside verify_all's thread once the caller has gone away."""
+
+
+def _admin(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    async def handler(self: "AdminServicer", request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            self._check_serving()
+            return await fn(self, request, context)
+        except Exception as exc:  # noqa: BLE001 - every error gets a status
+            await context.abort(*status_for(exc))
+    return handler
+
+
+def _admin_stream(fn: Callable[..., AsyncIterator[Any]]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    async def handler(self: "AdminServicer", request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            self._check_serving()
+            async for item in fn(self, request, context):
+                yield item
+        except Exception as exc:  # noqa: BLE001
+            await context.abort(*status_for(exc))
+    return handler
+
+
+class AdminServicer(apb_grpc.KVKeeperAdminServicer):
+    def __init__(self, ledger: Ledger, data: Any, disk: Any = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`data` is the KVKeeperServicer: its `serving` and `accepting_saves` flags."""
+        self.ledger = ledger
+        self.data = data
+        self.disk = disk
+        self.clock = clock
+        self._verifying = False
+
+    def _check_serving(self) -> None:
+        if not self.data.serving:
+            raise Unavailable("the daemon is shutting down; retry against the restarted daemon")
+
+    def _namespace_id(self, raw: bytes) -> NamespaceId:
+        if len(raw) != NAMESPACE_ID_BYTES:
+            raise InvalidArgument(f"a namespace id has {NAMESPACE_ID_BYTES} bytes "
+                                  f"({2 * NAMESPACE_ID_BYTES} hex digits), got {len(raw)}; "
+                                  "`kvkeeper ls` shows them")
+        return NamespaceId(bytes(raw))
+
+    # ------------------------------------------------------------ reading
+    @_admin
+    async def ListNamespaces(self, request: apb.ListNamespacesRequest,
+                             context: Any) -> apb.ListNamespacesResponse:
+        L = self.ledger
+        sessions: dict[bytes, int] = defaultdict(int)
+        for s in L.sessions.values():
+            if s.instance_id != INTERNAL_INSTANCE:
+                sessions[s.ns.id] += 1
+        on_disk: dict[bytes, list[int]] = defaultdict(lambda: [0, 0])
+        if self.disk is not None:
+            for e in self.disk.index:
+                counts = on_disk[e.where[0]]
+                counts[0] += 1
+                counts[1] += e.nbytes
+        resp = apb.ListNamespacesResponse()
+        for ns in sorted(L.namespaces.values(), key=lambda n: (n.descriptor.model_id, n.id)):
+            d = ns.descriptor
+            info = resp.namespaces.add(namespace_id=ns.id, registered=True,
+                                       sessions=sessions.get(ns.id, 0))
+            info.descriptor.CopyFrom(pb.NamespaceDescriptor(
+                model_id=d.model_id, model_revision=d.model_revision, dtype=d.dtype,
+                kv_layout=d.kv_layout, block_tokens=d.block_tokens, block_bytes=d.block_bytes,
+                tp_rank=d.tp_rank, tp_size=d.tp_size, cache_salt=d.cache_salt,
+                lora_tag=d.lora_tag))
+            info.tiers.add(tier=tier_to_pb(L.top.name), blocks=len(ns.blocks),
+                           bytes=ns.used_pages * L.top.page_bytes)
+            if self.disk is not None:
+                blocks, nbytes = on_disk.pop(ns.id, (0, 0))
+                info.tiers.add(tier=pb.TIER_DISK, blocks=blocks, bytes=nbytes)
+            quota = quota_for(L.quotas, d.model_id)
+            if quota is not None:
+                info.quota_bytes = quota
+        # Namespaces the disk tier holds that no session has named since start-up.
+        for ns_id in sorted(on_disk):
+            blocks, nbytes = on_disk[ns_id]
+            info = resp.namespaces.add(namespace_id=ns_id, registered=False)
+            info.tiers.add(tier=pb.TIER_DISK, blocks=blocks, bytes=nbytes)
+        return resp
+
+    @_admin
+    async def InspectBlock(self, request: apb.InspectBlockRequest,
+                           context: Any) -> apb.InspectBlockResponse:
+        ns_id = self._namespace_id(request.namespace_id)
+        kb = self.ledger.config.key_bytes
+        if len(request.key) != kb:
+            raise InvalidArgument(f"a key has {kb} bytes ({2 * kb} hex digits), got {len(request.key)}")
+        key = bytes(request.key)
+        resp = apb.InspectBlockResponse()
+        b = self.ledger.block(ns_id, key)
+        if b is not None:
+            resp.copies.add(tier=tier_to_pb(b.tier.name), state=b.state.value, refs=b.refs,
+                            hits=b.hits, idle_seconds=max(0.0, self.clock() - b.last_used),
+                            bytes=b.ns.block_bytes)
+            if b.checksum is not None:
+                resp.checksum_algo, resp.checksum = b.checksum
+        if self.disk is not None:
+            e = self.disk.index.entries.get((ns_id, key))
+            if e is not None:
+                resp.copies.add(tier=tier_to_pb(DISK), state=e.state, refs=e.pins, hits=0,
+                                idle_seconds=-1.0, bytes=e.nbytes)
+        if not resp.copies:
+            raise NotFound(f"no tier holds that block of namespace {ns_id.hex()}; "
+                           "`kvkeeper ls` lists the namespaces")
+        return resp
+
+    # ------------------------------------------------------------ actions
+    @_admin
+    async def Evict(self, request: apb.EvictRequest, context: Any) -> apb.EvictResponse:
+        target = request.WhichOneof("target")
+        if target is None or (target == "all" and not request.all):
+            raise InvalidArgument("name what to evict: namespace_id, or all = true")
+        L = self.ledger
+        ns_id: Optional[NamespaceId] = None
+        if target == "namespace_id":
+            ns_id = self._namespace_id(request.namespace_id)
+            if ns_id not in L.namespaces:
+                raise NotFound(f"unknown namespace {ns_id.hex()}; `kvkeeper ls` lists them")
+        evicted = L.reclaim_unpinned(ns_id)
+        scope = [L.namespaces[ns_id]] if ns_id is not None else L.namespaces.values()
+        remaining = sum(len(ns.blocks) for ns in scope)
+        log.info("admin evict %s: %d blocks evicted, %d referenced or pending stay",
+                 ns_id.hex() if ns_id is not None else "all namespaces", evicted, remaining,
+                 extra={"event": "admin_evict", "namespace": ns_id.hex() if ns_id else "*",
+                        "evicted": evicted, "remaining": remaining})
+        return apb.EvictResponse(evicted=evicted, remaining=remaining)
+
+    @_admin
+    async def Drain(self, request: apb.DrainRequest, context: Any) -> apb.DrainResponse:
+        t0 = time.perf_counter()
+        if self.data.accepting_saves:
+            self.data.accepting_saves = False
+            log.info("admin drain: saves are refused from now on", extra={"event": "admin_drain"})
+        if self.disk is not None:
+            await self.disk.drain()
+        open_reservations = sum(1 for r in self.ledger.reservations.values()
+                                if r.session.instance_id != INTERNAL_INSTANCE)
+        seconds = time.perf_counter() - t0
+        log.info("admin drain: write-back flushed in %.3fs; %d reservations still open",
+                 seconds, open_reservations,
+                 extra={"event": "admin_drained", "open_reservations": open_reservations})
+        return apb.DrainResponse(disk_tier=self.disk is not None,
+                                 open_reservations=open_reservations, seconds=seconds)
+
+    @_admin_stream
+    async def Verify(self, request: apb.VerifyRequest,
+                     context: Any) -> AsyncIterator[apb.VerifyProgress]:
+        if self.disk is None:
+            raise FailedPrecondition("there is no disk tier (disk_tier.path is empty); "
+                                     "nothing to verify")
+        if self._verifying:
+            raise FailedPrecondition("a verify is already running; wait for it to finish")
+        self._verifying = True
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Optional[tuple[int, int]]] = asyncio.Queue()
+        gone = threading.Event()
+        store = self.disk.store
+        quarantined_before = store.quarantined
+
+        def progress(done: int, total: int) -> None:  # runs in the worker thread
+            if gone.is_set():
+                raise _VerifyCancelled()
+            if done == total or done % max(1, total // PROGRESS_STEPS) == 0:
+                loop.call_soon_threadsafe(queue.put_nowait, (done, total))
+
+        log.info("admin verify: started", extra={"event": "admin_verify"})
+        work = loop.run_in_executor(None, store.verify_all, progress)
+        work.add_done_callback(lambda _: queue.put_nowait(None))
+        try:
+            while (item := await queue.get()) is not None:
+                yield apb.VerifyProgress(processed=item[0], total=item[1])
+            report = await work
+        finally:
+            # A caller that went away stops the thread at its next block.
+            gone.set()
+            self._verifying = False
+            if not work.done():
+                work.add_done_callback(lambda f: f.cancelled() or f.exception())
+        quarantined = store.quarantined - quarantined_before
+        total = report.checked + report.corrupt + report.missing
+        level = logging.WARNING if report.corrupt else logging.INFO
+        log.log(level, "admin verify: %d blocks checked, %d bad, %d missing, %d quarantined "
+                "in %.1fs", report.checked, report.corrupt, report.missing, quarantined,
+                report.seconds, extra={"event": "admin_verified", "checked": report.checked,
+                                       "bad": report.corrupt, "quarantined": quarantined})
+        yield apb.VerifyProgress(processed=total, total=total, done=True, checked=report.checked,
+                                 bad=report.corrupt, missing=report.missing,
+                                 quarantined=quarantined, bytes=report.bytes,
+                                 seconds=report.seconds)
