@@ -32,6 +32,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 
+from .auth import TLSLike, aio_channel, bearer_metadata
 from .checksum import ALGOS, byte_view
 from .errors import (ChecksumError, FailedPreconditionError, KVKeeperClientError,
                      from_rpc_error, is_session_lost)
@@ -134,13 +135,15 @@ class AsyncClient:
         self._register_lock = asyncio.Lock()
         self._heartbeat_task: Optional[asyncio.Task] = None
         self._closed = False
+        self._metadata: Optional[Tuple[Tuple[str, str], ...]] = None  # the bearer token, if any
 
     # ---- lifecycle
 
     @classmethod
     async def connect(cls, url: str, namespace: NamespaceLike, *, instance_id: str = "",
                       timeout: float = 5.0, transport: str = "auto", checksum: str = "crc32",
-                      max_retries: int = 5) -> "AsyncClient":
+                      max_retries: int = 5, token: Optional[str] = None,
+                      tls: TLSLike = None) -> "AsyncClient":
         """Open a channel to `url`, register a session and start heartbeats.
 
         timeout: deadline of every RPC, in seconds (a stream's deadline covers
@@ -148,7 +151,9 @@ class AsyncClient:
         and streams otherwise; "shm" fails here if the arena cannot be mapped;
         "stream" never maps. checksum: "crc32" sends checksums at commit and
         verifies them at load; "none" does neither. max_retries: retries of an
-        idempotent call on UNAVAILABLE.
+        idempotent call on UNAVAILABLE. token: bearer token sent with every call
+        (daemons with auth.tokens_file). tls: None (plain), True (system roots) or
+        kvkeeper.client.auth.TLS(ca_file, cert_file, key_file); see client/auth.py.
         """
         if transport not in _TRANSPORTS:
             raise ValueError(f"transport must be one of {_TRANSPORTS}, got {transport!r}")
@@ -160,9 +165,11 @@ class AsyncClient:
             raise ValueError(f"max_retries must be >= 0, got {max_retries!r}")
         target = to_grpc_target(url)
         ns = _namespace(namespace)
-        channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+        metadata = bearer_metadata(token)
+        channel = aio_channel(target, tls, _CHANNEL_OPTIONS)
         self = cls(channel, ns, instance_id=instance_id, timeout=float(timeout),
                    transport=transport, checksum=checksum, max_retries=int(max_retries))
+        self._metadata = metadata
         try:
             self._apply_registration(await self._register(), initial=True)
         except BaseException:
@@ -188,7 +195,7 @@ class AsyncClient:
         try:
             if self._session_id:
                 await self._stub.CloseSession(pb.CloseSessionRequest(session_id=self._session_id),
-                                              timeout=self._timeout)
+                                              timeout=self._timeout, metadata=self._metadata)
         except Exception as e:  # the daemon expires the session by itself
             log.debug("CloseSession failed: %s", e)
         finally:
@@ -248,7 +255,8 @@ class AsyncClient:
         req = pb.RegisterSessionRequest(instance_id=self._instance_id, namespace=self._ns)
         try:
             return await call_with_retry(
-                lambda: self._stub.RegisterSession(req, timeout=self._timeout),
+                lambda: self._stub.RegisterSession(req, timeout=self._timeout,
+                                                   metadata=self._metadata),
                 max_retries=self._max_retries)
         except grpc.RpcError as e:
             raise from_rpc_error(e, "RegisterSession") from e
@@ -345,7 +353,8 @@ class AsyncClient:
         while True:
             req = build(sid)
             try:
-                resp = await call_with_retry(lambda: method(req, timeout=self._timeout),
+                resp = await call_with_retry(lambda: method(req, timeout=self._timeout,
+                                                            metadata=self._metadata),
                                              max_retries=self._max_retries if retry else 0)
                 return resp, sid
             except grpc.RpcError as e:
@@ -496,7 +505,7 @@ class AsyncClient:
             ranges: dict = {}   # index -> [(offset, length)]
             parts: dict = {}    # index -> [(offset, data)], for load()
             sums: dict = {}     # index -> (algo, checksum)
-            call = self._stub.LoadStream(req, timeout=self._timeout)
+            call = self._stub.LoadStream(req, timeout=self._timeout, metadata=self._metadata)
             try:
                 async for ch in call:
                     idx, off, data = ch.index, ch.offset, ch.data
@@ -636,7 +645,8 @@ class AsyncClient:
                     yield msg
 
         try:
-            await self._stub.WriteBlocks(messages(), timeout=self._timeout)
+            await self._stub.WriteBlocks(messages(), timeout=self._timeout,
+                                         metadata=self._metadata)
         except grpc.RpcError as e:
             raise from_rpc_error(e, "WriteBlocks") from e
 

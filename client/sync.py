@@ -23,6 +23,7 @@ import grpc
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 from .aio import AsyncClient, MatchResult, NamespaceLike, SaveResult
+from .auth import TLSLike
 from .errors import DeadlineExceededError
 from .retry import MAX_DELAY
 
@@ -68,7 +69,8 @@ class Client:
     @classmethod
     def connect(cls, url: str, namespace: NamespaceLike, *, instance_id: str = "",
                 timeout: float = 5.0, transport: str = "auto", checksum: str = "crc32",
-                max_retries: int = 5, call_timeout: Optional[float] = None) -> "Client":
+                max_retries: int = 5, call_timeout: Optional[float] = None,
+                token: Optional[str] = None, tls: TLSLike = None) -> "Client":
         """Start the loop thread and connect there (see AsyncClient.connect).
 
         call_timeout: the most seconds one method may block; None derives it
@@ -81,7 +83,7 @@ class Client:
         fut = asyncio.run_coroutine_threadsafe(
             AsyncClient.connect(url, namespace, instance_id=instance_id, timeout=timeout,
                                 transport=transport, checksum=checksum,
-                                max_retries=max_retries), loop)
+                                max_retries=max_retries, token=token, tls=tls), loop)
         try:
             budget = call_timeout or _budget(timeout, max_retries, 2)
             aclient = _wait(fut, budget, "connect")

@@ -1,4 +1,4 @@
-"""Daemon assembly: ledger + arena + servicer + health + reflection + metrics.
+"""Daemon assembly: ledger + arena + servicer + admin + auth + health + reflection + metrics.
 
 Shape after grpc's own examples: `create_server(config)` returns
 `(server, port)` with the TCP port actually bound (tests ask for port 0).
@@ -14,25 +14,34 @@ import signal
 import socket
 import stat
 import time
-from typing import Any, Optional
+from dataclasses import replace
+from typing import Any, Callable, Optional
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from kvkeeper.v1 import kvkeeper_pb2, kvkeeper_pb2_grpc
+from kvkeeper.v1 import admin_pb2, admin_pb2_grpc, kvkeeper_pb2, kvkeeper_pb2_grpc
 
+from . import logsetup
+from .access import give_group, resolve_group
+from .api.admin import AdminServicer
 from .api.servicer import KVKeeperServicer
-from .config import Config
+from .auth import AuthInterceptor, AuthPolicy, check_exposure, server_credentials
+from .config import Config, ConfigError
 from .ledger import Ledger
 from .metrics import Metrics
+from .reload import plan_reload
 from .sdnotify import notify as sd_notify
 from .tiers.arena import Arena
 from .tiers.disk_tier import DiskTier
+from .tokens import TokenTable, load_tokens
+from .watch import CounterWatch
 
 log = logging.getLogger("kvkeeper")
 
 SERVICE_NAME = kvkeeper_pb2.DESCRIPTOR.services_by_name["KVKeeper"].full_name
+ADMIN_SERVICE_NAME = admin_pb2.DESCRIPTOR.services_by_name["KVKeeperAdmin"].full_name
 REAP_INTERVAL_S = 1.0
 
 
@@ -67,7 +76,15 @@ class Daemon:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.started_at = time.monotonic()
-        self.ledger = Ledger(config.to_ledger_config())
+        # Everything that can refuse the configuration comes before any file is touched.
+        self.tokens: Optional[TokenTable] = (load_tokens(config.auth.tokens_file)
+                                             if config.auth.tokens_file else None)
+        check_exposure(config, self.tokens)
+        self._tcp_credentials = server_credentials(config)
+        self._gid = resolve_group(config.listen.socket_group,
+                                  config.source_of("listen.socket_group"))
+        self.ledger = Ledger(config.to_ledger_config(),
+                             quotas=self.tokens.quotas if self.tokens else None)
         ht = config.host_tier
         name = ht.name or f"kvkeeper-{os.getpid()}"
         if config.listen.socket:
@@ -76,7 +93,12 @@ class Daemon:
             _claim_socket_path(os.path.abspath(config.listen.socket))
         self.arena = Arena.create(os.path.join(ht.shm_dir, name), ht.capacity_bytes, ht.page_bytes)
         # Whoever may use the socket may map the arena (same-host fast path).
-        os.chmod(self.arena.path, config.listen.socket_mode & 0o660)
+        try:
+            os.chmod(self.arena.path, config.listen.socket_mode & 0o660)
+            give_group(self.arena.path, self._gid)
+        except BaseException:
+            self.arena.close()
+            raise
         if self.arena.page_count < self.ledger.top.capacity_pages:
             raise RuntimeError("arena holds fewer pages than the ledger plans for")
         self.metrics = Metrics()
@@ -96,15 +118,31 @@ class Daemon:
         opts = [("grpc.max_send_message_length", config.server.max_message_bytes),
                 ("grpc.max_receive_message_length", config.server.max_message_bytes),
                 ("grpc.so_reuseport", 0)]
-        self.server = grpc.aio.server(options=opts)
+        # The interceptor exists only with a tokens file: without one, no RPC pays for it.
+        self.auth: Optional[AuthPolicy] = None
+        interceptors = []
+        if self.tokens is not None:
+            self.auth = AuthPolicy(self.tokens, mutual_tls=bool(config.tls.client_ca_file))
+            interceptors.append(AuthInterceptor(self.auth))
+        self.server = grpc.aio.server(options=opts, interceptors=interceptors)
         self.servicer = KVKeeperServicer(
             self.ledger, self.arena, self.metrics, version=version(), started_at=self.started_at,
             max_message_bytes=config.server.max_message_bytes, disk=self.disk)
+        if self.auth is not None:
+            self.servicer.authorize_namespace = self.auth.check_namespace
         kvkeeper_pb2_grpc.add_KVKeeperServicer_to_server(self.servicer, self.server)
+        services = [SERVICE_NAME]
+        self.admin: Optional[AdminServicer] = None
+        if config.admin.enabled:
+            self.admin = AdminServicer(self.ledger, self.servicer, self.disk)
+            admin_pb2_grpc.add_KVKeeperAdminServicer_to_server(self.admin, self.server)
+            services.append(ADMIN_SERVICE_NAME)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server)
+            (*services, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server)
+        self.watch = CounterWatch(self.ledger, self.disk,
+                                  storm_blocks=config.server.eviction_storm_blocks)
         self.port = 0
         self.socket_path: Optional[str] = None
         self._metrics_http: Any = None
@@ -119,7 +157,10 @@ class Daemon:
             self.server.add_insecure_port(f"unix:{path}")
             self.socket_path = path
         if lc.tcp:
-            self.port = self.server.add_insecure_port(lc.tcp)
+            if self._tcp_credentials is not None:
+                self.port = self.server.add_secure_port(lc.tcp, self._tcp_credentials)
+            else:
+                self.port = self.server.add_insecure_port(lc.tcp)
             if self.port == 0:
                 raise RuntimeError(f"could not listen on {lc.tcp}")
         return self.port
@@ -128,15 +169,18 @@ class Daemon:
         await self.server.start()
         if self.socket_path:
             os.chmod(self.socket_path, self.config.listen.socket_mode)
+            give_group(self.socket_path, self._gid)
         if self.config.metrics.address:
             self._metrics_http = self.metrics.start_http(self.config.metrics.address)
         self._reaper = asyncio.get_running_loop().create_task(self._reap())
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
-        log.info("kvkeeper %s serving: socket=%s tcp=%s metrics=%s arena=%s (%d pages of %d B) policy=%s",
+        log.info("kvkeeper %s serving: socket=%s tcp=%s metrics=%s arena=%s (%d pages of %d B) policy=%s "
+                 "auth=%s admin=%s",
                  version(), self.socket_path, self.config.listen.tcp and f"port {self.port}",
                  self.config.metrics.address or "off", self.arena.path, self.arena.page_count,
-                 self.arena.page_bytes, self.ledger.config.policy)
+                 self.arena.page_bytes, self.ledger.config.policy, self._auth_summary(),
+                 "on" if self.admin is not None else "off")
         sd_notify(f"READY=1\nSTATUS=serving socket={self.socket_path or '-'} "
                   f"tcp={self.config.listen.tcp and self.port or '-'}")
 
@@ -148,6 +192,7 @@ class Daemon:
                     self.disk.keep_alive()
                     await self.disk.maintain()
                 report = self.ledger.expire(time.monotonic())
+                self.watch.tick(time.monotonic())
             except Exception:  # noqa: BLE001 - the reaper must outlive a bug report
                 log.exception("expiry failed")
                 continue
@@ -155,6 +200,48 @@ class Daemon:
                 log.info("session end id=%s reason=expired", sid)
             if report.reservations:
                 log.info("reclaimed %d reservations that were never committed", len(report.reservations))
+
+    def _auth_summary(self) -> str:
+        parts = []
+        if self.tokens is not None:
+            parts.append(f"{len(self.tokens.grants)} tokens")
+        if self.config.tls.cert_file:
+            parts.append("mutual TLS" if self.config.tls.client_ca_file else "TLS")
+        return ", ".join(parts) or "none"
+
+    def reload(self, new: Config) -> None:
+        """Apply what may change while serving (see reload.py); log what is refused."""
+        plan = plan_reload(self.config, new)
+        for key, why in plan.refused:
+            log.error("reload: %s not changed: %s", key, why,
+                      extra={"event": "reload_refused", "key": key})
+        config = plan.config
+        table = None
+        if config.auth.tokens_file:
+            # Re-read even when the path is unchanged: editing the file in place is the usual way.
+            try:
+                table = load_tokens(config.auth.tokens_file)
+                check_exposure(config, table)
+            except ConfigError as e:
+                log.error("reload: auth.tokens_file not changed: %s", e,
+                          extra={"event": "reload_refused", "key": "auth.tokens_file"})
+                table = None
+                config = replace(config, auth=self.config.auth)
+                plan.applied = [k for k in plan.applied if k != "auth.tokens_file"]
+        sc = config.server
+        logsetup.set_level(sc.log_level)
+        logsetup.set_format(sc.log_format)
+        self.watch.storm.threshold = sc.eviction_storm_blocks
+        if table is not None and self.auth is not None:
+            self.tokens = table
+            self.auth.table = table
+            self.ledger.quotas = dict(table.quotas)
+        self.config = config
+        log.info("reload: applied %s%s", ", ".join(plan.applied) or "no changed keys",
+                 f"; tokens file re-read ({len(table.grants)} tokens, {len(table.quotas)} quotas)"
+                 if table is not None else "",
+                 extra={"event": "reload", "applied": plan.applied,
+                        "refused": [k for k, _ in plan.refused]})
 
     async def stop(self, grace: Optional[float] = None) -> None:
         if self._stopped:
@@ -193,16 +280,37 @@ def create_server(config: Config) -> tuple[Daemon, int]:
     return daemon, port
 
 
-async def serve(config: Config) -> None:
+def _reload(daemon: Daemon, loader: Callable[[], Config]) -> None:
+    log.info("SIGHUP: re-reading the configuration", extra={"event": "reload_start"})
+    try:
+        new = loader()
+    except ConfigError as e:
+        log.error("reload: the configuration was not re-read: %s", e,
+                  extra={"event": "reload_refused", "key": e.key or ""})
+        return
+    try:
+        daemon.reload(new)
+    except Exception:  # noqa: BLE001 - a failed reload must not stop the daemon
+        log.exception("reload failed; the running configuration is unchanged")
+
+
+async def serve(config: Config, loader: Optional[Callable[[], Config]] = None) -> None:
+    """Serve until SIGTERM/SIGINT. SIGHUP calls `loader` (re-reads the file, the
+    environment and the flags) and applies the result; without one SIGHUP is ignored."""
     daemon, _ = create_server(config)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if loader is not None:
+        loop.add_signal_handler(signal.SIGHUP, _reload, daemon, loader)
+    else:
+        loop.add_signal_handler(signal.SIGHUP, log.warning,
+                                "SIGHUP ignored: this daemon has no configuration to re-read")
     try:
         await daemon.start()
         await stop.wait()
-        log.info("signal received: draining (grace %.1fs)", config.server.grace_seconds)
+        log.info("signal received: draining (grace %.1fs)", daemon.config.server.grace_seconds)
     finally:
         await daemon.stop()
 
@@ -216,11 +324,15 @@ def _runner() -> Any:
     return uvloop.run
 
 
-def run(config: Config) -> int:
-    logging.basicConfig(level=config.server.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def run(config: Config, loader: Optional[Callable[[], Config]] = None) -> int:
+    """Serve; 0 after a clean stop, 1 on a runtime failure, 2 on a configuration
+    problem found at start-up (credentials, TLS files, the socket's group)."""
+    logsetup.configure(config.server.log_level, config.server.log_format)
     try:
-        _runner()(serve(config))
+        _runner()(serve(config, loader))
+    except ConfigError as exc:
+        log.error("config error: %s", exc, extra={"event": "config_error", "key": exc.key or ""})
+        return 2
     except RuntimeError as exc:
         log.error("%s", exc)
         return 1

@@ -1,9 +1,11 @@
-"""The `kvkeeper` command: serve, status, bench, version.
+"""The `kvkeeper` command: serve, status, the admin commands, bench, version.
 
     kvkeeper serve [--config FILE] [--socket PATH] [--tcp HOST:PORT] [--metrics HOST:PORT]
                    [--capacity SIZE] [--page-size SIZE] [--policy NAME] [--log-level LEVEL]
-                   [--set SECTION.KEY=VALUE ...] [--print-config [toml|json]]
-    kvkeeper status [--url URL] [--json] [--timeout SECONDS]
+                   [--log-format text|json] [--set SECTION.KEY=VALUE ...]
+                   [--print-config [toml|json]]
+    kvkeeper status [--url URL] [--json] [--timeout SECONDS] [--token-file FILE] [--tls ...]
+    kvkeeper ls | inspect | evict | drain | verify   (admin_cli.py)
     kvkeeper bench ARGS...      (forwarded to kvkeeper.server.bench.main)
     kvkeeper version
 
@@ -48,10 +50,11 @@ _FLAG_HELP = {
     "--page-size": "page size, a multiple of 4096, e.g. 64KiB",
     "--policy": "eviction policy: lru or hits-lru",
     "--log-level": "debug, info, warning, error or critical",
+    "--log-format": "text or json (one JSON object per line)",
 }
 _FLAG_METAVAR = {"--socket": "PATH", "--tcp": "HOST:PORT", "--metrics": "HOST:PORT",
                  "--capacity": "SIZE", "--page-size": "SIZE", "--policy": "NAME",
-                 "--log-level": "LEVEL"}
+                 "--log-level": "LEVEL", "--log-format": "FORMAT"}
 
 
 def _duration_arg(text: str) -> float:
@@ -88,7 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print JSON")
     status.add_argument("--timeout", type=_duration_arg, default=5.0, metavar="SECONDS",
                         help="RPC deadline (default 5s)")
+    from .cli_channel import add_credential_args
+    add_credential_args(status)
     status.set_defaults(func=cmd_status)
+
+    from .admin_cli import add_commands
+    add_commands(sub)
 
     sub.add_parser("bench", help="run the benchmark (kvkeeper bench --help)", add_help=False)
 
@@ -146,7 +154,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
                          else render_toml(config))
         return 0
     from kvkeeper.server.app import run  # lazy: grpc servers and shared memory load here
-    rc = run(config)
+
+    def reload() -> Any:
+        # SIGHUP: the same sources as at start-up, read again.
+        return load_config(args.config, os.environ, overrides, override_sources=labels)
+
+    rc = run(config, reload)
     return int(rc or 0)
 
 
@@ -276,20 +289,20 @@ def _health(channel: Any, timeout: float) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    url = args.url or os.environ.get(URL_ENV) or DEFAULT_URL
+    from .cli_channel import Unreachable, UsageError, open_channel, resolve_target
     try:
-        target, path = grpc_target(url)
-    except ValueError as e:
+        t = resolve_target(args)
+        channel = open_channel(t, args)
+    except UsageError as e:
         _err(str(e))
         return 2
-    where = f"{url} ({path})" if path and path not in url else url
-    if path is not None and not os.path.exists(path):
-        _err(f"cannot reach the daemon at {where}: no socket at {path}; "
-             "is `kvkeeper serve` running, and is --url (or $KVKEEPER_URL) right?")
+    except Unreachable as e:
+        _err(str(e))
         return 1
+    url, where = t.url, t.where
     import grpc
     from kvkeeper.v1 import kvkeeper_pb2, kvkeeper_pb2_grpc
-    with grpc.insecure_channel(target) as channel:
+    with channel:
         try:
             stats = kvkeeper_pb2_grpc.KVKeeperStub(channel).Stats(
                 kvkeeper_pb2.StatsRequest(), timeout=args.timeout)

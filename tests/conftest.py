@@ -61,3 +61,9 @@ async def daemon_factory(sockdir: str) -> AsyncIterator[Any]:
     yield start
     for d in started:
         await d.stop(0)
+
+
+@pytest.fixture
+def daemon_config(sockdir: str) -> Any:
+    """make_config in a fresh socket directory, for tests that build a daemon themselves."""
+    return lambda **overrides: make_config(sockdir, **overrides)

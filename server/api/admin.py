@@ -35,6 +35,7 @@ log = logging.getLogger("kvkeeper.admin")
 NAMESPACE_ID_BYTES = 16
 # Verify reports progress about this many times, whatever the number of blocks.
 PROGRESS_STEPS = 100
+SALT_SET = "(set)"
 
 
 class _VerifyCancelled(Exception):
@@ -108,8 +109,9 @@ class AdminServicer(apb_grpc.KVKeeperAdminServicer):
             info.descriptor.CopyFrom(pb.NamespaceDescriptor(
                 model_id=d.model_id, model_revision=d.model_revision, dtype=d.dtype,
                 kv_layout=d.kv_layout, block_tokens=d.block_tokens, block_bytes=d.block_bytes,
-                tp_rank=d.tp_rank, tp_size=d.tp_size, cache_salt=d.cache_salt,
-                lora_tag=d.lora_tag))
+                tp_rank=d.tp_rank, tp_size=d.tp_size, lora_tag=d.lora_tag,
+                # A salt keeps one tenant's prefixes from another's: say only that it is set.
+                cache_salt=SALT_SET if d.cache_salt else ""))
             info.tiers.add(tier=tier_to_pb(L.top.name), blocks=len(ns.blocks),
                            bytes=ns.used_pages * L.top.page_bytes)
             if self.disk is not None:

@@ -1,12 +1,21 @@
 """`kvkeeper bench`: the ledger, control-plane and data-plane benchmarks.
 
-    kvkeeper bench {ledger,control,data,disk,all} [--json] [--quick] [--out FILE]
+    kvkeeper bench {ledger,control,data,disk,ttft,all} [--json] [--quick] [--out FILE]
+                   [--engine-python PATH]
 
 Every result carries its baseline, measured again in the same run side by
 side (see result.py for the JSON shape). --json prints the results as one
 JSON list on stdout; otherwise a table. --out FILE also writes the JSON list
 to FILE. --quick shrinks every size and count (a smoke run, ~30 s; its
 figures are noisier). Progress goes to stderr.
+
+`all` runs the daemon's own benchmarks (BENCHES), which need nothing beyond
+the daemon's dependencies. `ttft` (ttft_bench.py: time to
+first token of vLLM engines with KVKeeperConnector, against recompute and
+vLLM's ExampleConnector) needs vLLM and torch and runs only when named; its
+engines run on --engine-python (default: $KVKEEPER_BENCH_PYTHON, else this
+interpreter). Nothing here is imported by the daemon, and vLLM and torch are
+imported only inside the engine processes ttft starts.
 
 Exit status: 0 when the benchmarks ran (whether or not targets were met:
 see each result's meets_target), 1 when one could not run, 2 for usage errors.
@@ -20,7 +29,8 @@ from typing import Callable, Optional, Sequence
 
 from .result import Result, render_table, to_json
 
-BENCHES = ("ledger", "control", "data", "disk")
+BENCHES = ("ledger", "control", "data", "disk")   # what `all` runs
+EXTRA_BENCHES = ("ttft",)                          # run only by name (needs vLLM)
 
 
 def _runner(name: str) -> Callable[..., list[Result]]:
@@ -30,6 +40,8 @@ def _runner(name: str) -> Callable[..., list[Result]]:
         from .control_bench import run
     elif name == "data":
         from .data_bench import run
+    elif name == "ttft":
+        from .ttft_bench import run
     elif name == "disk":
         from .disk_bench import run
     else:  # pragma: no cover - argparse checks the choice
@@ -38,11 +50,15 @@ def _runner(name: str) -> Callable[..., list[Result]]:
 
 
 def run_benches(names: Sequence[str], quick: bool,
-                log: Callable[[str], None] = lambda s: None) -> list[Result]:
+                log: Callable[[str], None] = lambda s: None,
+                engine_python: Optional[str] = None) -> list[Result]:
     results: list[Result] = []
     for name in names:
         t0 = time.perf_counter()
-        results += _runner(name)(quick=quick, log=log)
+        if name == "ttft":
+            results += _runner(name)(quick=quick, log=log, python=engine_python)
+        else:
+            results += _runner(name)(quick=quick, log=log)
         log(f"{name}: done in {time.perf_counter() - t0:.1f}s")
     return results
 
@@ -50,13 +66,21 @@ def run_benches(names: Sequence[str], quick: bool,
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvkeeper bench",
-        description="Benchmarks of kvkeeper, each against a baseline measured in the same run.")
-    p.add_argument("which", choices=(*BENCHES, "all"), help="which benchmark to run")
+        description="Benchmarks of kvkeeper, each against a baseline measured in the same run.",
+        epilog="all = " + ", ".join(BENCHES) + " (the daemon's benchmarks). ttft is not in all: "
+               "it needs vLLM and torch and starts vLLM engines (CPU build: ~2.5 min, "
+               "--quick ~1.5 min); run it by name.")
+    p.add_argument("which", choices=(*BENCHES, *EXTRA_BENCHES, "all"),
+                   help="which benchmark to run; all = " + ", ".join(BENCHES)
+                        + "; ttft (vLLM connector time to first token) is not in all")
     p.add_argument("--json", action="store_true", help="print the results as a JSON list")
     p.add_argument("--quick", action="store_true",
                    help="small sizes and counts: a smoke run, not a measurement")
     p.add_argument("--out", metavar="FILE", help="also write the JSON list to FILE")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--engine-python", metavar="PATH",
+                   help="ttft: the Python (with vLLM and torch) that runs the engines "
+                        "(default: $KVKEEPER_BENCH_PYTHON, else this interpreter)")
     return p
 
 
@@ -73,7 +97,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
     try:
-        results = run_benches(names, args.quick, log)
+        results = run_benches(names, args.quick, log, engine_python=args.engine_python)
     except KeyboardInterrupt:
         print("kvkeeper bench: interrupted", file=sys.stderr)
         return 1
@@ -90,4 +114,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-__all__ = ["BENCHES", "Result", "build_parser", "main", "run_benches"]
+__all__ = ["BENCHES", "EXTRA_BENCHES", "Result", "build_parser", "main", "run_benches"]

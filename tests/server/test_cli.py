@@ -151,14 +151,21 @@ def test_env_error_names_variable(capsys, monkeypatch):
 def test_serve_hands_config_to_app_run(monkeypatch, tmp_path):
     seen = []
     fake = types.ModuleType("kvkeeper.server.app")
-    fake.run = lambda config: seen.append(config) or 7  # type: ignore[attr-defined]
+    fake.run = lambda config, reload: seen.append((config, reload)) or 7  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "kvkeeper.server.app", fake)
-    assert main(["serve", "--capacity", "2GiB", "--tcp", ""]) == 7
-    (config,) = seen
+    (tmp_path / "kv.toml").write_text('[server]\nlog_level = "info"\n')
+    assert main(["serve", "--config", "kv.toml", "--capacity", "2GiB", "--tcp", ""]) == 7
+    ((config, reload),) = seen
     assert isinstance(config, Config)
     assert config.host_tier.capacity_bytes == 2 * GiB
     assert config.listen.tcp == ""
     assert config.listen.socket == str(tmp_path / "kvkeeper.sock")
+    # SIGHUP's reloader reads the file again, and the flags still win over it.
+    (tmp_path / "kv.toml").write_text('[server]\nlog_level = "debug"\n'
+                                      '[host_tier]\ncapacity_bytes = "4GiB"\n')
+    again = reload()
+    assert again.server.log_level == "debug"
+    assert again.host_tier.capacity_bytes == 2 * GiB
 
 
 def test_serve_help_documents_precedence(capsys):

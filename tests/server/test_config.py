@@ -366,7 +366,8 @@ def test_to_ledger_config(tmp_path):
 def test_as_dict_and_renderings_round_trip(tmp_path):
     c = load(tmp_path, TOML, env={"KVKEEPER_LISTEN_SOCKET_MODE": "0600"})
     d = c.as_dict()
-    assert list(d) == ["listen", "metrics", "host_tier", "disk_tier", "ledger", "server"]
+    assert list(d) == ["listen", "metrics", "host_tier", "disk_tier", "ledger", "server",
+                       "admin", "auth", "tls"]
     assert d["listen"]["socket_mode"] == 0o600
     assert d["host_tier"]["capacity_bytes"] == 2 * GiB
     text = render_toml(c)
@@ -400,3 +401,54 @@ def test_describe_precedence():
 def test_env_var_names():
     assert env_var("host_tier.capacity_bytes") == "KVKEEPER_HOST_TIER_CAPACITY_BYTES"
     assert env_var("listen.tcp") == "KVKEEPER_LISTEN_TCP"
+
+
+# --------------------------------------------------------------------------- admin, auth, tls, logs
+def test_security_and_log_defaults(tmp_path):
+    c = load(tmp_path)
+    assert c.admin.enabled is True
+    assert (c.auth.tokens_file, c.auth.allow_insecure_tcp) == ("", False)
+    assert (c.tls.cert_file, c.tls.key_file, c.tls.client_ca_file) == ("", "", "")
+    assert (c.listen.socket_group, c.server.log_format) == ("", "text")
+    assert c.server.eviction_storm_blocks == 10000
+
+
+@pytest.mark.parametrize("text, expected", [("true", True), ("0", False), ("yes", True),
+                                            ("Off", False)])
+def test_booleans_from_the_environment(tmp_path, text, expected):
+    assert load(tmp_path, env={"KVKEEPER_ADMIN_ENABLED": text}).admin.enabled is expected
+
+
+def test_booleans_are_strict_in_the_file(tmp_path):
+    assert "expected a boolean" in error(tmp_path, '[admin]\nenabled = "false"\n')
+    assert "not a boolean" in error(tmp_path, env={"KVKEEPER_ADMIN_ENABLED": "maybe"})
+
+
+def test_security_paths_resolve_against_the_working_directory(tmp_path):
+    c = load(tmp_path, '[auth]\ntokens_file = "tokens.toml"\n'
+                       '[tls]\ncert_file = "c.pem"\nkey_file = "/k.pem"\n')
+    assert c.auth.tokens_file == str(tmp_path / "tokens.toml")
+    assert (c.tls.cert_file, c.tls.key_file) == (str(tmp_path / "c.pem"), "/k.pem")
+
+
+@pytest.mark.parametrize("toml, fragment", [
+    ('[tls]\ncert_file = "c.pem"\n', "tls.key_file"),
+    ('[tls]\nkey_file = "k.pem"\n', "tls.cert_file"),
+    ('[tls]\nclient_ca_file = "ca.pem"\n', "needs the listener's own certificate"),
+    ('[listen]\ntcp = ""\n[tls]\ncert_file = "c"\nkey_file = "k"\n', "listen.tcp, which is disabled"),
+    ('[listen]\nsocket_group = "bad group"\n', "not a group name"),
+    ('[server]\nlog_format = "xml"\n', "text, json"),
+])
+def test_security_and_log_mistakes(tmp_path, toml, fragment):
+    assert fragment in error(tmp_path, toml)
+
+
+def test_booleans_render_as_toml(tmp_path):
+    c = load(tmp_path, '[admin]\nenabled = false\n[listen]\nsocket_group = "1000"\n')
+    text = render_toml(c)
+    assert "enabled = false" in text
+    assert load_config(write(tmp_path, text, "printed.toml"), {}, {}, cwd="/") == c
+
+
+def test_log_format_flag():
+    assert CLI_FLAGS["server.log_format"] == "--log-format"

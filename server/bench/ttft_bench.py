@@ -1,0 +1,538 @@
+"""Connector benchmark: time to first token of a full and a partial prefix hit.
+
+    kvkeeper bench ttft [--json] [--quick] [--engine-python PATH]
+
+Needs vLLM and torch, in the Python that runs the engines (--engine-python,
+$KVKEEPER_BENCH_PYTHON, else this interpreter); this module itself imports
+neither (nor does anything the daemon imports import it). It starts a
+kvkeeper daemon (serve_helper.py, shared memory on a unix socket) and four
+vLLM engines, each in its own process (ttft_engine.py), all on the same
+dummy-weight Llama (MODEL: one layer of hidden 768, 12 heads, 12 KV heads,
+fp32, vocab 32000; its recompute prefill of 2048 tokens takes about 1 s on a
+2-core CPU), blocks of 32 tokens, vLLM's prefix caching disabled:
+
+  recompute  no connector: every prompt is computed
+  kvk-a      KVKeeperConnector: computes prompts and saves them to the daemon
+  kvk-b      KVKeeperConnector: loads what kvk-a saved (another process, as
+             another vLLM instance would)
+  example    vLLM's in-tree ExampleConnector (safetensors files in a local
+             directory): each prompt is sent twice, the first saves it, the
+             second (measured) loads it
+
+TTFT is vLLM's per-request first_token_latency (arrival to first token, as
+the front end sees it) of one request at a time with max_tokens=1. Each
+repetition uses fresh random prompts and runs every engine once, one engine
+after the other (so noise from the machine hits all of them alike); the
+median of the repetitions is reported, after untimed warm-ups. Per
+repetition:
+
+  full hit     a 2048-token prompt (512 with --quick): kvk-a computes and
+               saves it; recompute computes it; kvk-b loads 2016 tokens (63
+               blocks; the last block is always computed) and computes 32;
+               example saves it, then loads 2016 tokens
+  partial hit  a 1536-token prefix (384) shared with a prompt kvk-a saved,
+               plus 512 new tokens (128): recompute computes all of it, kvk-b
+               loads the prefix and computes the rest
+
+Every hit is verified, or the benchmark fails: kvk-b's per-request report
+(kv_transfer_params["kvkeeper"]["hit_tokens"]) and its loaded-blocks counter
+must show the whole hit loaded (no block failed), example's request must
+report the hit as cached tokens; recompute must report none.
+
+Results (seconds; ratio = kvkeeper / baseline):
+
+  ttft.full_hit.kvkeeper_vs_recompute        target <= 0.1
+  ttft.full_hit.kvkeeper_vs_example_connector target <= 0.5
+  ttft.partial_hit.kvkeeper_vs_recompute     informational
+  ttft.full_hit.example_connector_vs_recompute informational
+  ttft.miss.kvkeeper_vs_recompute            informational: kvk-a's TTFT on
+                                             fresh prompts (a lookup that misses
+                                             plus copying the blocks out to save)
+
+params carry every sample, the verified hit, and the median breakdown of a
+kvkeeper hit measured inside the engine (ttft_connector.py): scheduler lookup,
+worker load (its Match, Load + copy out of the arena + CRC32, scatter into the
+KV cache), the forward pass, and the rest (scheduling, IPC, sampling, output).
+About 2.5 minutes (--quick: about 1.5 minutes), most of it the engines'
+start-up.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from .result import Result, median
+from .servers import ServerProcess
+
+PREFIX = "KVKBENCH "
+PYTHON_ENV = "KVKEEPER_BENCH_PYTHON"
+BLOCK_TOKENS = 32
+MAX_MODEL_LEN = 4096
+READY_TIMEOUT_S = 600.0
+CALL_TIMEOUT_S = 300.0
+
+# A dummy-weight Llama whose 2048-token prefill takes about 1 s on the
+# 2-core CPU this was tuned on (vLLM CPU build, fp32: bf16 is ~10x slower
+# there). One layer, so the connector's per-layer work is at its smallest;
+# 12 KV heads (no GQA), so the bytes per token are at their largest for this
+# width: 6 KiB of KV per token, 192 KiB per block.
+MODEL: Dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 768,
+    "intermediate_size": 3072, "num_hidden_layers": 1, "num_attention_heads": 12,
+    "num_key_value_heads": 12, "vocab_size": 32000, "max_position_embeddings": MAX_MODEL_LEN,
+    "rms_norm_eps": 1e-5, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
+    "tie_word_embeddings": False, "rope_theta": 10000.0, "hidden_act": "silu"}
+
+
+def kv_bytes_per_token(cfg: Dict[str, Any] = MODEL) -> int:
+    head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
+    return 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 4
+
+
+@dataclass(frozen=True)
+class Scale:
+    prompt_tokens: int      # full-hit prompt
+    shared_tokens: int      # partial hit: shared prefix; the rest is new
+    reps: int
+    warmups: int
+    in_process: bool        # engines in one process each (faster start, not vLLM's layout)
+
+    @classmethod
+    def for_mode(cls, quick: bool) -> "Scale":
+        if quick:
+            return cls(prompt_tokens=512, shared_tokens=384, reps=2, warmups=1, in_process=True)
+        return cls(prompt_tokens=2048, shared_tokens=1536, reps=7, warmups=2, in_process=False)
+
+
+class BenchUnavailable(RuntimeError):
+    """The benchmark cannot run here (no vLLM)."""
+
+
+class VerificationError(RuntimeError):
+    """A hit the benchmark relies on did not happen: its figures would be wrong."""
+
+
+def engine_python() -> str:
+    return os.environ.get(PYTHON_ENV) or sys.executable
+
+
+def check_vllm(python: str) -> None:
+    code = ("import importlib.util, sys; "
+            "sys.exit(0 if all(importlib.util.find_spec(m) for m in ('vllm', 'torch')) else 3)")
+    try:
+        r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise BenchUnavailable(f"cannot run {python}: {e}") from e
+    if r.returncode != 0:
+        raise BenchUnavailable(
+            f"ttft needs vLLM and torch in the engines' Python, and {python} has not both; "
+            f"pass --engine-python PATH (or set ${PYTHON_ENV}) to a Python with vLLM")
+
+
+# --------------------------------------------------------------------------- engines
+class Engine:
+    """ttft_engine.py in its own process group, one JSON command at a time."""
+
+    def __init__(self, name: str, python: str, args: List[str], log_path: str,
+                 env: Dict[str, str]) -> None:
+        self.name = name
+        self.log_path = log_path
+        self._log = open(log_path, "w")
+        cmd = [python, "-m", "kvkeeper.server.bench.ttft_engine", *args]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self._log, text=True, env=env,
+                                     start_new_session=True)
+        self._lines: "queue.Queue[Optional[str]]" = queue.Queue()
+        threading.Thread(target=self._pump, name=f"bench-{name}", daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(PREFIX):
+                self._lines.put(line[len(PREFIX):])
+            else:
+                self._log.write(line)
+        self._lines.put(None)
+
+    def log_tail(self, n: int = 3000) -> str:
+        try:
+            self._log.flush()
+            return Path(self.log_path).read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def read(self, timeout: float) -> Dict[str, Any]:
+        try:
+            line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            raise RuntimeError(f"engine {self.name}: no answer in {timeout:.0f} s; log "
+                               f"{self.log_path}:\n{self.log_tail()}") from None
+        if line is None:
+            raise RuntimeError(f"engine {self.name} exited ({self.proc.poll()}); log "
+                               f"{self.log_path}:\n{self.log_tail()}")
+        out = json.loads(line)
+        if "error" in out:
+            raise RuntimeError(f"engine {self.name}: {out['error']}\n{out.get('traceback', '')}")
+        return out
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> "Engine":
+        if not self.read(timeout).get("ready"):
+            raise RuntimeError(f"engine {self.name} did not start")
+        return self
+
+    def call(self, timeout: float = CALL_TIMEOUT_S, **cmd: Any) -> Dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        return self.read(timeout)
+
+    def generate(self, prompts: Sequence[Sequence[int]]) -> List[Dict[str, Any]]:
+        return self.call(cmd="generate", prompts=[list(p) for p in prompts])["results"]
+
+    def one(self, prompt: Sequence[int]) -> Dict[str, Any]:
+        return self.generate([prompt])[0]
+
+    def metrics(self) -> Dict[str, float]:
+        return self.call(cmd="metrics")["metrics"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.call(timeout=30, cmd="exit")
+            except Exception:  # noqa: BLE001
+                pass
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        # the engine core and workers are in the engine's process group
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self._log.close()
+
+
+# --------------------------------------------------------------------------- prompts
+class Prompts:
+    """Fresh random token ids; every prompt is new unless a prefix is shared on purpose."""
+
+    def __init__(self, vocab: int, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.vocab = vocab
+
+    def tokens(self, n: int) -> List[int]:
+        return [self.rng.randrange(3, self.vocab) for _ in range(n)]
+
+
+# --------------------------------------------------------------------------- checks
+def kvk_hit(res: Dict[str, Any]) -> int:
+    rep = (res.get("params") or {}).get("kvkeeper")
+    if not rep:
+        raise VerificationError(f"no kvkeeper report in kv_transfer_params: {res.get('params')}")
+    return int(rep["hit_tokens"])
+
+
+def expect_hits(what: str, got: Sequence[int], want: int) -> None:
+    bad = [g for g in got if g != want]
+    if bad:
+        raise VerificationError(f"{what}: expected {want} hit tokens in every request, got "
+                                f"{list(got)}; the figures would not measure a hit")
+
+
+class Bench:
+    def __init__(self, scale: Scale, log: Callable[[str], None], python: str,
+                 tmp: str) -> None:
+        self.s = scale
+        self.log = log
+        self.python = python
+        self.tmp = tmp
+        self.prompts = Prompts(MODEL["vocab_size"], seed=20240601)
+        self.full_hit = (scale.prompt_tokens - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+        self.partial_hit = scale.shared_tokens // BLOCK_TOKENS * BLOCK_TOKENS
+        self.daemon: Optional[ServerProcess] = None
+        self.engines: Dict[str, Engine] = {}
+        self.client: Any = None
+        self.seed: Optional[bytes] = None
+
+    # ---- set-up
+
+    def start(self) -> None:
+        model = os.path.join(self.tmp, "model")
+        os.makedirs(model)
+        with open(os.path.join(model, "config.json"), "w") as fh:
+            json.dump(MODEL, fh)
+        storage = os.path.join(self.tmp, "example-store")
+        os.makedirs(storage)
+        block_bytes = kv_bytes_per_token() * BLOCK_TOKENS
+        prompts_saved = 2 * (self.s.reps + self.s.warmups + 1)
+        capacity = max(256 << 20, 2 * prompts_saved * (self.s.prompt_tokens // BLOCK_TOKENS + 1)
+                       * block_bytes)
+        self.daemon = ServerProcess.kvkeeper(self.tmp, capacity=capacity, page_bytes=64 << 10)
+        self.daemon.start()
+        env = dict(os.environ)
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        common = ["--model", model, "--block-size", str(BLOCK_TOKENS),
+                  "--max-model-len", str(MAX_MODEL_LEN)]
+        if self.s.in_process:
+            common.append("--in-process")
+        specs = {
+            "recompute": ["--connector", "none"],
+            "kvk-a": ["--connector", "kvkeeper", "--url", self.daemon.url,
+                      "--timings", os.path.join(self.tmp, "timings-kvk-a.jsonl")],
+            "kvk-b": ["--connector", "kvkeeper", "--url", self.daemon.url,
+                      "--timings", os.path.join(self.tmp, "timings-kvk-b.jsonl")],
+            "example": ["--connector", "example", "--storage", storage,
+                        "--timings", os.path.join(self.tmp, "timings-example.jsonl")],
+        }
+        t0 = time.perf_counter()
+        self.log(f"ttft: starting {len(specs)} vLLM engines ({self.python})")
+        for name, args in specs.items():
+            self.engines[name] = Engine(name, self.python, common + args,
+                                        os.path.join(self.tmp, f"engine-{name}.log"), env)
+        with ThreadPoolExecutor(len(specs)) as pool:
+            for f in [pool.submit(e.wait_ready) for e in self.engines.values()]:
+                f.result()
+        self.log(f"ttft: engines ready in {time.perf_counter() - t0:.0f}s")
+
+    def close(self) -> None:
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:  # noqa: BLE001
+                pass
+        for e in self.engines.values():
+            e.close()
+        if self.daemon is not None:
+            self.daemon.stop()
+
+    # ---- the daemon's view
+
+    def _stored(self, report: Dict[str, Any], tokens: Sequence[int]) -> Tuple[int, int]:
+        """(blocks of `tokens` the daemon holds, full blocks of `tokens`)."""
+        from kvkeeper.client import Client
+        from kvkeeper.connector.keys import chain_keys
+
+        info = report["kvkeeper"]
+        if self.client is None:
+            assert self.daemon is not None
+            self.client = Client.connect(self.daemon.url, info["namespace"],
+                                         instance_id="kvkeeper bench ttft", timeout=5.0)
+        keys = chain_keys(bytes.fromhex(info["seed"]), list(tokens), int(info["block_tokens"]))
+        return self.client.match(keys).matched, len(keys)
+
+    def wait_saved(self, saved: Sequence[Tuple[Dict[str, Any], List[int]]], timeout: float = 60.0) -> None:
+        """kvk-a's saves are sent in the background: wait until all are committed."""
+        deadline = time.monotonic() + timeout
+        for res, tokens in saved:
+            while True:
+                got, want = self._stored(res["params"], tokens)
+                if got >= want:
+                    break
+                if time.monotonic() > deadline:
+                    raise VerificationError(f"kvk-a saved only {got} of {want} blocks of a "
+                                            f"prompt within {timeout:.0f} s")
+                time.sleep(0.02)
+
+    # ---- one round
+
+    def round(self, warm: bool) -> Dict[str, Any]:
+        """Every engine once on fresh prompts; the samples of this round."""
+        e = self.engines
+        n, shared = self.s.prompt_tokens, self.s.shared_tokens
+        full = self.prompts.tokens(n)
+        prefix = self.prompts.tokens(shared)
+        src = prefix + self.prompts.tokens(n - shared)      # what kvk-a saves
+        partial = prefix + self.prompts.tokens(n - shared)  # shares only the prefix
+        a_full = e["kvk-a"].one(full)
+        a_src = e["kvk-a"].one(src)
+        r_full = e["recompute"].one(full)
+        r_partial = e["recompute"].one(partial)
+        self.wait_saved([(a_full, full), (a_src, src)])
+        b_full = e["kvk-b"].one(full)
+        b_partial = e["kvk-b"].one(partial)
+        x_save = e["example"].one(full)
+        x_full = e["example"].one(full)
+        # Verify, also in warm-ups (a broken set-up fails before the long part).
+        expect_hits("kvkeeper full hit (kvk-b)", [kvk_hit(b_full)], self.full_hit)
+        expect_hits("kvkeeper partial hit (kvk-b)", [kvk_hit(b_partial)], self.partial_hit)
+        expect_hits("kvk-a (fresh prompts, must miss)", [kvk_hit(a_full), kvk_hit(a_src)], 0)
+        expect_hits("recompute (no connector, no prefix cache)",
+                    [r_full["cached"], r_partial["cached"]], 0)
+        expect_hits("ExampleConnector first request (saves)", [x_save["cached"]], 0)
+        expect_hits("ExampleConnector full hit (num_cached_tokens)", [x_full["cached"]],
+                    self.full_hit)
+        for res, want in ((b_full, self.full_hit), (b_partial, self.partial_hit)):
+            loads = [t for t in res["timings"] if t.get("event") == "load"]
+            blocks = sum(t["blocks"] for t in loads)
+            if blocks != want // BLOCK_TOKENS:
+                raise VerificationError(f"kvk-b's worker loaded {blocks} blocks for a hit of "
+                                        f"{want} tokens ({loads})")
+        return {"recompute_full": r_full, "recompute_partial": r_partial, "kvk_full": b_full,
+                "kvk_partial": b_partial, "kvk_miss": a_full, "example_full": x_full,
+                "example_save": x_save}
+
+    def run(self) -> List[Result]:
+        self.start()
+        for i in range(self.s.warmups):
+            self.round(warm=True)
+            self.log(f"ttft: warm-up {i + 1}/{self.s.warmups} done")
+        before = self.engines["kvk-b"].metrics()
+        rounds = []
+        for i in range(self.s.reps):
+            rounds.append(self.round(warm=False))
+            r = rounds[-1]
+            self.log(f"ttft: repetition {i + 1}/{self.s.reps}: recompute "
+                     f"{r['recompute_full']['ttft']:.3f}s, kvkeeper hit "
+                     f"{r['kvk_full']['ttft'] * 1e3:.1f}ms, example hit "
+                     f"{r['example_full']['ttft'] * 1e3:.1f}ms")
+        after = self.engines["kvk-b"].metrics()
+        self._check_counters(before, after)
+        return self.results(rounds)
+
+    def _check_counters(self, before: Dict[str, float], after: Dict[str, float]) -> None:
+        def delta(name: str) -> float:
+            return after.get(f"vllm:kvkeeper_{name}", 0) - before.get(f"vllm:kvkeeper_{name}", 0)
+
+        want_blocks = self.s.reps * (self.full_hit + self.partial_hit) // BLOCK_TOKENS
+        if delta("loaded_blocks") != want_blocks or delta("load_error_blocks") \
+                or delta("checksum_errors"):
+            raise VerificationError(
+                f"kvk-b's counters: loaded_blocks +{delta('loaded_blocks'):.0f} (expected "
+                f"+{want_blocks}), load_error_blocks +{delta('load_error_blocks'):.0f}, "
+                f"checksum_errors +{delta('checksum_errors'):.0f}")
+
+    # ---- results
+
+    def results(self, rounds: List[Dict[str, Any]]) -> List[Result]:
+        def ttfts(key: str) -> List[float]:
+            return [r[key]["ttft"] for r in rounds]
+
+        def med(key: str) -> float:
+            return median(ttfts(key))
+
+        def samples(key: str) -> List[float]:
+            return [round(x, 5) for x in ttfts(key)]
+
+        def walls(key: str) -> List[float]:
+            return [round(r[key]["wall"], 5) for r in rounds]
+
+        s = self.s
+        model = (f"dummy Llama, {MODEL['num_hidden_layers']} layer(s), hidden "
+                 f"{MODEL['hidden_size']}, {MODEL['num_attention_heads']} heads / "
+                 f"{MODEL['num_key_value_heads']} KV heads, {MODEL['torch_dtype']}, vocab "
+                 f"{MODEL['vocab_size']}")
+        common = {"model": model, "block_tokens": BLOCK_TOKENS, "reps": s.reps,
+                  "warmups": s.warmups, "kv_bytes_per_token": kv_bytes_per_token(),
+                  "engine_processes": ("one per engine (--quick)" if s.in_process else
+                                       "front end, engine core, worker (vLLM's default)"),
+                  "ttft": "vLLM first_token_latency of one request, max_tokens=1, median",
+                  "vllm_prefix_caching": False}
+        full = {**common, "prompt_tokens": s.prompt_tokens, "hit_tokens": self.full_hit,
+                "hit_verified": True, "loaded_bytes": self.full_hit * kv_bytes_per_token()}
+        partial = {**common, "prompt_tokens": s.prompt_tokens, "shared_prefix_tokens":
+                   s.shared_tokens, "hit_tokens": self.partial_hit, "hit_verified": True}
+        kvk_breakdown = breakdown(rounds, "kvk_full")
+        out = [
+            Result(name="ttft.full_hit.kvkeeper_vs_recompute", value=med("kvk_full"), unit="s",
+                   baseline_name=f"recompute of the {s.prompt_tokens}-token prompt (no cache)",
+                   baseline_value=med("recompute_full"), better="lower", target="<= 0.1",
+                   params={**full, "samples": samples("kvk_full"),
+                           "baseline_samples": samples("recompute_full"),
+                           "wall_samples": walls("kvk_full"),
+                           "baseline_wall_samples": walls("recompute_full"),
+                           "kvkeeper_breakdown_s": kvk_breakdown},
+                   note="engine kvk-b loads what engine kvk-a saved (another process)"),
+            Result(name="ttft.full_hit.kvkeeper_vs_example_connector", value=med("kvk_full"),
+                   unit="s", baseline_name="vLLM ExampleConnector full hit (local disk dir)",
+                   baseline_value=med("example_full"), better="lower", target="<= 0.5",
+                   params={**full, "samples": samples("kvk_full"),
+                           "baseline_samples": samples("example_full"),
+                           "kvkeeper_breakdown_s": kvk_breakdown,
+                           "example_breakdown_s": breakdown(rounds, "example_full")},
+                   note="ExampleConnector saves with a first request of the prompt and loads "
+                        "with the second, in one engine"),
+            Result(name="ttft.partial_hit.kvkeeper_vs_recompute", value=med("kvk_partial"),
+                   unit="s", baseline_name=f"recompute of the {s.prompt_tokens}-token prompt",
+                   baseline_value=med("recompute_partial"), better="lower",
+                   params={**partial, "samples": samples("kvk_partial"),
+                           "baseline_samples": samples("recompute_partial"),
+                           "kvkeeper_breakdown_s": breakdown(rounds, "kvk_partial")},
+                   note=f"{s.shared_tokens} tokens shared with a saved prompt, "
+                        f"{s.prompt_tokens - s.shared_tokens} new"),
+            Result(name="ttft.full_hit.example_connector_vs_recompute",
+                   value=med("example_full"), unit="s",
+                   baseline_name=f"recompute of the {s.prompt_tokens}-token prompt (no cache)",
+                   baseline_value=med("recompute_full"), better="lower",
+                   params={**full, "samples": samples("example_full"),
+                           "baseline_samples": samples("recompute_full"),
+                           "example_save_samples": samples("example_save")}),
+            Result(name="ttft.miss.kvkeeper_vs_recompute", value=med("kvk_miss"), unit="s",
+                   baseline_name=f"recompute of the {s.prompt_tokens}-token prompt (no cache)",
+                   baseline_value=med("recompute_full"), better="lower",
+                   params={**common, "prompt_tokens": s.prompt_tokens,
+                           "samples": samples("kvk_miss"),
+                           "baseline_samples": samples("recompute_full"),
+                           "kvkeeper_breakdown_s": breakdown(rounds, "kvk_miss")},
+                   note="engine kvk-a on fresh prompts: a lookup that misses, the prefill, "
+                        "and copying the new blocks out of the KV cache to save them"),
+        ]
+        return out
+
+
+def breakdown(rounds: List[Dict[str, Any]], key: str) -> Dict[str, float]:
+    """Median seconds per phase of one request, from the engine's timing lines."""
+    cols: Dict[str, List[float]] = {}
+    for r in rounds:
+        res = r[key]
+        ph: Dict[str, float] = {"ttft": res["ttft"]}
+        for t in res.get("timings") or ():
+            ev = t.get("event")
+            if ev == "lookup":
+                ph["lookup"] = ph.get("lookup", 0.0) + t["dur"]
+            elif ev == "load":
+                ph["load"] = ph.get("load", 0.0) + t["dur"]
+                for k in ("match", "load_into", "scatter"):
+                    if k in t:
+                        ph[f"load.{k}"] = ph.get(f"load.{k}", 0.0) + t[k]
+            elif ev == "step":
+                ph["forward"] = ph.get("forward", 0.0) + t["forward"]
+                ph["save"] = ph.get("save", 0.0) + t["save"]
+        known = sum(v for k, v in ph.items() if k in ("lookup", "load", "forward", "save"))
+        ph["other"] = ph["ttft"] - known
+        for k, v in ph.items():
+            cols.setdefault(k, []).append(v)
+    return {k: round(median(v), 6) for k, v in cols.items()}
+
+
+def run(quick: bool = False, log: Callable[[str], None] = lambda s: None,
+        python: Optional[str] = None) -> List[Result]:
+    python = python or engine_python()
+    check_vllm(python)
+    tmp = tempfile.mkdtemp(prefix="kvkt-", dir="/tmp")   # short: unix socket paths
+    bench = Bench(Scale.for_mode(quick), log, python, tmp)
+    ok = False
+    try:
+        out = bench.run()
+        ok = True
+        return out
+    finally:
+        bench.close()
+        if ok or not os.environ.get("KVKEEPER_BENCH_KEEP"):
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            log(f"ttft: failed; logs kept in {tmp}")

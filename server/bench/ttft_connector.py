@@ -1,0 +1,210 @@
+"""Timed subclasses of the connectors `kvkeeper bench ttft` compares (engine side only).
+
+Imported by vLLM inside an engine process (kv_connector_module_path
+"kvkeeper.server.bench.ttft_connector"), never by the daemon or by the bench
+driver: it imports vLLM and torch at the top.
+
+Each class behaves exactly like its parent and only appends one JSON line per
+event to the file named by $KVKEEPER_BENCH_TIMINGS (nothing when unset):
+
+  {"event": "lookup", "dur": s, "tokens": n}   scheduler: get_num_new_matched_tokens
+  {"event": "load", "dur": s, "blocks": n, "match": s, "load_into": s, "scatter": s}
+                                                worker: start_load_kv when it loads
+                                                (kvkeeper: Match under the worker's
+                                                lease, Load + copy out of the arena +
+                                                CRC32, scatter into the KV cache)
+  {"event": "step", "forward": s, "save": s}   worker, wait_for_save: forward is
+                                                the time from the end of
+                                                start_load_kv to wait_for_save (the
+                                                model's forward pass); save is the
+                                                connector's save work of the step
+
+The writes happen inside the step (a few microseconds each); the runner
+(ttft_engine.py) reads the lines a request produced after it finished.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Any, Dict, Optional
+
+from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import ExampleConnector
+
+from kvkeeper.connector.connector import KVKeeperConnector
+from kvkeeper.connector.metadata import KVKeeperConnectorMetadata
+
+TIMINGS_ENV = "KVKEEPER_BENCH_TIMINGS"
+
+__all__ = ["TIMINGS_ENV", "TimedKVKeeperConnector", "TimedExampleConnector"]
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.path = os.environ.get(TIMINGS_ENV) or ""
+
+    def write(self, rec: Dict[str, Any]) -> None:
+        if not self.path:
+            return
+        rec["pid"] = os.getpid()
+        line = json.dumps(rec) + "\n"
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+
+
+class _Phases:
+    """Durations added up by name, only in the thread that opened them."""
+
+    def __init__(self) -> None:
+        self.data: Optional[Dict[str, float]] = None
+        self.owner: Optional[int] = None
+
+    def open(self) -> None:
+        self.data = {}
+        self.owner = threading.get_ident()
+
+    def close(self) -> Dict[str, float]:
+        data, self.data, self.owner = self.data or {}, None, None
+        return data
+
+    def add(self, name: str, dur: float) -> None:
+        if self.data is not None and threading.get_ident() == self.owner:
+            self.data[name] = self.data.get(name, 0.0) + dur
+
+    def timed(self, name: str, fn: Any) -> Any:
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.add(name, time.perf_counter() - t)
+        return wrapper
+
+
+class _TimedClient:
+    """A kvkeeper client whose methods add their time to phases under their name."""
+
+    def __init__(self, client: Any, phases: _Phases) -> None:
+        self._client = client
+        self._phases = phases
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        return self._phases.timed(name, attr) if callable(attr) else attr
+
+
+class TimedKVKeeperConnector(KVKeeperConnector):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._rec = _Recorder()
+        self._phases = _Phases()
+        self._load_end: Optional[float] = None
+        super().__init__(*args, **kwargs)
+
+    def register_kv_caches(self, kv_caches: Any) -> None:
+        super().register_kv_caches(kv_caches)
+        w = self._worker
+        if w is None:
+            return
+        if getattr(w, "link", None) is not None:
+            orig_call = w.link.call
+            phases = self._phases
+
+            def call(fn: Any, what: str, *a: Any, **k: Any) -> Any:
+                return orig_call(lambda c: fn(_TimedClient(c, phases)), what, *a, **k)
+
+            w.link.call = call
+        codec = getattr(w, "codec", None)
+        if codec is not None:
+            codec.scatter = self._phases.timed("scatter", codec.scatter)
+            codec.gather = self._phases.timed("gather", codec.gather)
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
+        t = time.perf_counter()
+        out = super().get_num_new_matched_tokens(request, num_computed_tokens)
+        self._rec.write({"event": "lookup", "dur": time.perf_counter() - t,
+                         "tokens": (out or (0,))[0] or 0})
+        return out
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata() if self.has_connector_metadata() else None
+        loads = meta.loads if isinstance(meta, KVKeeperConnectorMetadata) else []
+        self._phases.open()
+        t = time.perf_counter()
+        try:
+            super().start_load_kv(forward_context, **kwargs)
+        finally:
+            end = time.perf_counter()
+            phases = self._phases.close()
+            self._load_end = end
+            if loads:
+                self._rec.write({"event": "load", "dur": end - t,
+                                 "blocks": sum(s.num_blocks() for s in loads),
+                                 "match": phases.get("match", 0.0),
+                                 "load_into": phases.get("load_into", 0.0),
+                                 "scatter": phases.get("scatter", 0.0)})
+
+    def wait_for_save(self) -> None:
+        t = time.perf_counter()
+        self._phases.open()
+        try:
+            super().wait_for_save()
+        finally:
+            end = time.perf_counter()
+            phases = self._phases.close()
+            if self._load_end is not None:
+                self._rec.write({"event": "step", "forward": t - self._load_end,
+                                 "save": end - t, "gather": phases.get("gather", 0.0)})
+                self._load_end = None
+
+
+class TimedExampleConnector(ExampleConnector):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._rec = _Recorder()
+        self._load_end: Optional[float] = None
+        self._save_s = 0.0
+        super().__init__(*args, **kwargs)
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
+        t = time.perf_counter()
+        out = super().get_num_new_matched_tokens(request, num_computed_tokens)
+        self._rec.write({"event": "lookup", "dur": time.perf_counter() - t,
+                         "tokens": (out or (0,))[0] or 0})
+        return out
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata() if self.has_connector_metadata() else None
+        loads = [r for r in getattr(meta, "requests", ()) if not r.is_store]
+        self._save_s = 0.0
+        t = time.perf_counter()
+        try:
+            super().start_load_kv(forward_context, **kwargs)
+        finally:
+            end = time.perf_counter()
+            self._load_end = end
+            if loads:
+                self._rec.write({"event": "load", "dur": end - t,
+                                 "tokens": sum(len(r.slot_mapping) for r in loads)})
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any,
+                      **kwargs: Any) -> None:
+        t = time.perf_counter()
+        try:
+            super().save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
+        finally:
+            self._save_s += time.perf_counter() - t
+
+    def wait_for_save(self) -> None:
+        t = time.perf_counter()
+        try:
+            super().wait_for_save()
+        finally:
+            if self._load_end is not None:
+                # save_kv_layer runs inside the forward (after each attention
+                # layer): take it out of the forward time.
+                self._rec.write({"event": "step", "forward": t - self._load_end - self._save_s,
+                                 "save": self._save_s + time.perf_counter() - t})
+                self._load_end = None
