@@ -529,7 +529,7 @@ class DiskStore:
                 # Published but not known durable: a failed write leaves no block.
                 _unlink_quiet(path)
                 self._forget(ns, key)
-            raise self._io_error(e, f"writing {n} B block {key.hex()[:16]}") from e
+            raise self._io_error(e, f"writing {n} B a block") from e
         with self._lock:
             old = self._index.get((ns, key))
             if old is not None:
@@ -570,12 +570,12 @@ class DiskStore:
     def _read(self, ns: Any, key: Any, dst: memoryview | None) -> bytes | None:
         ns, key = check_ns_key(ns, key)
         path = self.block_path(ns, key)
-        what = f"reading block {key.hex()[:16]}"
+        what = f"reading a block"
         try:
             fd = os.open(path, os.O_RDONLY | _CLOEXEC | _NOFOLLOW)
         except FileNotFoundError:
             self._forget(ns, key)
-            raise NotStored(f"block {key.hex()[:16]} is not on the disk tier") from None
+            raise NotStored(f"a block is not on the disk tier") from None
         except OSError as e:
             raise self._io_error(e, what) from e
         try:
@@ -588,7 +588,7 @@ class DiskStore:
             if h is not None and h.ns != ns and h.ns.hex()[:16] == ns.hex()[:16]:
                 # Another namespace whose digest shares 64 bits with ours: its
                 # block, intact, not ours. A miss, not corruption.
-                raise NotStored(f"block {key.hex()[:16]} is not on the disk tier")
+                raise NotStored(f"a block is not on the disk tier")
             if h is None or h.ns != ns or h.key != key or st.st_size != HEADER_BYTES + h.payload_bytes:
                 self._corrupt(path, st, ns, key, "bad header or truncated file")
             assert h is not None
@@ -631,7 +631,7 @@ class DiskStore:
         except OSError:
             pass
         self._forget(ns, key)
-        raise CorruptBlock(f"block {key.hex()[:16]} on the disk tier failed its check ({why}); "
+        raise CorruptBlock(f"a block on the disk tier failed its check ({why}); "
                            "moved to quarantine, treat it as a miss")
 
     def _quarantine(self, path: str) -> bool:
@@ -670,7 +670,7 @@ class DiskStore:
         except FileNotFoundError:
             return False
         except OSError as e:
-            raise self._io_error(e, f"looking up block {key.hex()[:16]}") from e
+            raise self._io_error(e, f"looking up a block") from e
         if st.st_size < HEADER_BYTES:
             return False  # not a block we could serve; a read quarantines it
         with self._lock:
@@ -694,7 +694,7 @@ class DiskStore:
         except FileNotFoundError:
             size = 0
         except OSError as e:
-            raise self._io_error(e, f"deleting block {key.hex()[:16]}") from e
+            raise self._io_error(e, f"deleting a block") from e
         self._forget(ns, key)
         return size
 
@@ -765,7 +765,7 @@ class DiskStore:
             os.replace(tmp, os.path.join(d, f"{key.hex()}.{owner}"))
         except OSError as e:
             _unlink_quiet(tmp)
-            raise self._io_error(e, f"pinning block {key.hex()[:16]}") from e
+            raise self._io_error(e, f"pinning a block") from e
 
     def unpin(self, ns: bytes, key: bytes, owner: str) -> None:
         ns, key = check_ns_key(ns, key)
