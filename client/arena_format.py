@@ -118,3 +118,16 @@ def copy_bytes(dst: memoryview, dst_addr: int, src: memoryview, src_addr: int) -
         np.positive(np.frombuffer(src, dtype=np.uint8), out=np.frombuffer(dst, dtype=np.uint8))
     else:
         dst[:] = src
+
+
+def unmap(mv: Any, mm: Any) -> None:
+    """Release a mapping's memoryview, then the mmap itself. If views handed
+    out from it are still alive the mmap cannot close now; it closes when the
+    last of them is dropped."""
+    if mv is not None:
+        mv.release()
+    if mm is not None:
+        try:
+            mm.close()
+        except BufferError:
+            pass

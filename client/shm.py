@@ -28,7 +28,7 @@ import struct
 from typing import Any, Iterable, Optional, Sequence
 
 
-from .arena_format import (ARENA_ID_BYTES, FORMAT_VERSION, HEADER_BYTES, HEADER_STRUCT, MAGIC,
+from .arena_format import (ARENA_ID_BYTES, FORMAT_VERSION, HEADER_BYTES, HEADER_STRUCT, MAGIC, unmap,
                            Extent, address, byte_view, copy_bytes, extents_in)
 
 
@@ -222,13 +222,7 @@ class ShmMapping:
         mv, mm = self._mv, self._mm
         self._mv = None
         self._mm = None
-        if mv is not None:
-            mv.release()
-        if mm is not None:
-            try:
-                mm.close()
-            except BufferError:
-                pass  # views from gather() alive: unmapped when they are gone
+        unmap(mv, mm)
 
     def __enter__(self) -> "ShmMapping":
         return self

@@ -52,13 +52,16 @@ def reply(obj: Dict[str, Any]) -> None:
 
 
 def kv_transfer_config(args: argparse.Namespace) -> Dict[str, Any]:
+    module = args.connector_module or CONNECTOR_MODULE
     if args.connector == "kvkeeper":
-        return {"kv_connector": "TimedKVKeeperConnector",
-                "kv_connector_module_path": CONNECTOR_MODULE, "kv_role": "kv_both",
-                "kv_connector_extra_config": {"kvkeeper_url": args.url, "kvkeeper_report": True}}
+        extra = {"kvkeeper_url": args.url, "kvkeeper_report": True}
+        extra.update(json.loads(args.extra or "{}"))
+        return {"kv_connector": args.connector_class or "TimedKVKeeperConnector",
+                "kv_connector_module_path": module, "kv_role": "kv_both",
+                "kv_connector_extra_config": extra}
     if args.connector == "example":
-        return {"kv_connector": "TimedExampleConnector",
-                "kv_connector_module_path": CONNECTOR_MODULE, "kv_role": "kv_both",
+        return {"kv_connector": args.connector_class or "TimedExampleConnector",
+                "kv_connector_module_path": module, "kv_role": "kv_both",
                 "kv_connector_extra_config": {"shared_storage_path": args.storage}}
     raise ValueError(args.connector)
 
@@ -102,6 +105,10 @@ def main() -> int:
     ap.add_argument("--timings", default="")
     ap.add_argument("--block-size", type=int, default=32)
     ap.add_argument("--max-model-len", type=int, default=4096)
+    # for profiling variants: another connector class / module, more extra config
+    ap.add_argument("--connector-class", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--connector-module", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--extra", default="", help=argparse.SUPPRESS)
     ap.add_argument("--in-process", action="store_true",
                     help="run the engine core and the worker in this process (starts faster)")
     args = ap.parse_args()

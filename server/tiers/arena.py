@@ -35,7 +35,7 @@ from ..ledger.pages import Pages, page_runs
 
 from kvkeeper.client.arena_format import (ARENA_ID_BYTES, FORMAT_VERSION, HEADER_BYTES,
                                           HEADER_STRUCT, MAGIC, Extent, address, byte_view,
-                                          copy_bytes, extents_in)
+                                          copy_bytes, extents_in, unmap)
 
 PAGE_ALIGN = 4096
 
@@ -238,13 +238,7 @@ class Arena:
         mv, mm = self._mv, self._mm
         self._mv = None
         self._mm = None
-        if mv is not None:
-            mv.release()
-        if mm is not None:
-            try:
-                mm.close()
-            except BufferError:
-                pass  # exported views alive: the mmap closes when they are gone
+        unmap(mv, mm)
         if unlink:
             # Only our own file: another arena may have replaced it at this path.
             try:
