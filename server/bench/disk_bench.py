@@ -58,6 +58,15 @@ def _raw_read(args: tuple[str, Any]) -> None:
         os.close(fd)
 
 
+def _alternate(steps: list[tuple[str, Callable[[], float]]], rnd: int,
+               times: dict[str, list[float]]) -> None:
+    """Run kvkeeper and baseline in alternating order; round 0 only warms up."""
+    for k, fn in (reversed(steps) if rnd % 2 else steps):
+        dt = fn()
+        if rnd:
+            times[k].append(dt)
+
+
 def _walk(top: str) -> int:
     n = 0
     stack = [top]
@@ -94,23 +103,12 @@ def _throughput(root: str, quick: bool, log: Callable[[str], None]) -> list[Resu
                                         list(zip(keys, blocks)))),
                     ("wr", lambda: _par(pool, _raw_write, list(zip(paths, blocks)))),
                 ]
-                if rnd % 2:
-                    steps.reverse()
-                for k, fn in steps:
-                    dt = fn()
-                    if rnd:
-                        t[k].append(dt)
-                steps = [
+                _alternate(steps, rnd, t)
+                _alternate([
                     ("rs", lambda: _par(pool, lambda ko: store.read_into(NS, ko[0], ko[1]),
                                         list(zip(keys, outs)))),
                     ("rr", lambda: _par(pool, _raw_read, list(zip(paths, outs)))),
-                ]
-                if rnd % 2:
-                    steps.reverse()
-                for k, fn in steps:
-                    dt = fn()
-                    if rnd:
-                        t[k].append(dt)
+                ], rnd, t)
             nbytes = n * size
             gbps = {k: nbytes / statistics.median(v) / 1e9 for k, v in t.items()}
             label = f"{size // KiB}KiB" if size < MiB else f"{size // MiB}MiB"
