@@ -83,6 +83,7 @@ BLOCK_TOKENS = 32
 MAX_MODEL_LEN = 4096
 READY_TIMEOUT_S = 600.0
 CALL_TIMEOUT_S = 300.0
+SETTLE_S = 0.25   # pause before each request: earlier requests' background work ends
 
 # A dummy-weight Llama whose 2048-token prefill takes about 1 s on the
 # 2-core CPU this was tuned on (vLLM CPU build, fp32: bf16 is ~10x slower
@@ -202,8 +203,8 @@ class Engine:
     def generate(self, prompts: Sequence[Sequence[int]]) -> List[Dict[str, Any]]:
         return self.call(cmd="generate", prompts=[list(p) for p in prompts])["results"]
 
-    def one(self, prompt: Sequence[int]) -> Dict[str, Any]:
-        return self.generate([prompt])[0]
+    def one(self, prompt: Sequence[int], settle: float = SETTLE_S) -> Dict[str, Any]:
+        return self.call(cmd="generate", prompts=[list(prompt)], settle=settle)["results"][0]
 
     def metrics(self) -> Dict[str, float]:
         return self.call(cmd="metrics")["metrics"]
@@ -286,6 +287,13 @@ class Bench:
         self.daemon.start()
         env = dict(os.environ)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        # vLLM's CPU worker keeps one core for the engine core process and,
+        # when a KV connector is configured, one more for the connector: on a
+        # 2-core machine that leaves none, so it falls back to every core and
+        # a connector engine would compute with twice the threads of the
+        # recompute engine. The same reservation for all engines keeps the
+        # compute alike (the connectors' threads share the reserved core).
+        env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
         common = ["--model", model, "--block-size", str(BLOCK_TOKENS),
                   "--max-model-len", str(MAX_MODEL_LEN)]
         if self.s.in_process:
@@ -360,11 +368,14 @@ class Bench:
         partial = prefix + self.prompts.tokens(n - shared)  # shares only the prefix
         a_full = e["kvk-a"].one(full)
         a_src = e["kvk-a"].one(src)
+        # kvk-a sends its saves in the background: all of it is in the daemon
+        # (and nothing is still being sent) before anything else is measured.
+        self.wait_saved([(a_full, full), (a_src, src)])
         r_full = e["recompute"].one(full)
         r_partial = e["recompute"].one(partial)
-        self.wait_saved([(a_full, full), (a_src, src)])
         b_full = e["kvk-b"].one(full)
         b_partial = e["kvk-b"].one(partial)
+        self.wait_saved([(b_partial, partial)])   # kvk-b saves the blocks it computed
         x_save = e["example"].one(full)
         x_full = e["example"].one(full)
         # Verify, also in warm-ups (a broken set-up fails before the long part).
@@ -383,8 +394,8 @@ class Bench:
                 raise VerificationError(f"kvk-b's worker loaded {blocks} blocks for a hit of "
                                         f"{want} tokens ({loads})")
         return {"recompute_full": r_full, "recompute_partial": r_partial, "kvk_full": b_full,
-                "kvk_partial": b_partial, "kvk_miss": a_full, "example_full": x_full,
-                "example_save": x_save}
+                "kvk_partial": b_partial, "kvk_miss": a_full, "kvk_save_src": a_src,
+                "example_full": x_full, "example_save": x_save}
 
     def run(self) -> List[Result]:
         self.start()
@@ -399,7 +410,8 @@ class Bench:
             self.log(f"ttft: repetition {i + 1}/{self.s.reps}: recompute "
                      f"{r['recompute_full']['ttft']:.3f}s, kvkeeper hit "
                      f"{r['kvk_full']['ttft'] * 1e3:.1f}ms, example hit "
-                     f"{r['example_full']['ttft'] * 1e3:.1f}ms")
+                     f"{r['example_full']['ttft'] * 1e3:.1f}ms, kvkeeper partial "
+                     f"{r['kvk_partial']['ttft']:.3f}s")
         after = self.engines["kvk-b"].metrics()
         self._check_counters(before, after)
         return self.results(rounds)
@@ -440,6 +452,8 @@ class Bench:
                   "warmups": s.warmups, "kv_bytes_per_token": kv_bytes_per_token(),
                   "engine_processes": ("one per engine (--quick)" if s.in_process else
                                        "front end, engine core, worker (vLLM's default)"),
+                  "vllm_cpu_reserved_cpus": os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", "1"),
+                  "cpus": os.cpu_count(),
                   "ttft": "vLLM first_token_latency of one request, max_tokens=1, median",
                   "vllm_prefix_caching": False}
         full = {**common, "prompt_tokens": s.prompt_tokens, "hit_tokens": self.full_hit,
@@ -447,6 +461,7 @@ class Bench:
         partial = {**common, "prompt_tokens": s.prompt_tokens, "shared_prefix_tokens":
                    s.shared_tokens, "hit_tokens": self.partial_hit, "hit_verified": True}
         kvk_breakdown = breakdown(rounds, "kvk_full")
+        x_breakdown = breakdown(rounds, "example_full")
         out = [
             Result(name="ttft.full_hit.kvkeeper_vs_recompute", value=med("kvk_full"), unit="s",
                    baseline_name=f"recompute of the {s.prompt_tokens}-token prompt (no cache)",
@@ -463,7 +478,7 @@ class Bench:
                    params={**full, "samples": samples("kvk_full"),
                            "baseline_samples": samples("example_full"),
                            "kvkeeper_breakdown_s": kvk_breakdown,
-                           "example_breakdown_s": breakdown(rounds, "example_full")},
+                           "example_breakdown_s": x_breakdown},
                    note="ExampleConnector saves with a first request of the prompt and loads "
                         "with the second, in one engine"),
             Result(name="ttft.partial_hit.kvkeeper_vs_recompute", value=med("kvk_partial"),
@@ -489,9 +504,36 @@ class Bench:
                            "baseline_samples": samples("recompute_full"),
                            "kvkeeper_breakdown_s": breakdown(rounds, "kvk_miss")},
                    note="engine kvk-a on fresh prompts: a lookup that misses, the prefill, "
-                        "and copying the new blocks out of the KV cache to save them"),
+                        "and copying the new blocks out of the KV cache to save them "
+                        "(sending them happens after, in the background: save_sent_s)"),
+            Result(name="ttft.full_hit.connector_cost.kvkeeper_vs_example_connector",
+                   value=median(connector_cost(rounds, "kvk_full")), unit="s",
+                   baseline_name="ExampleConnector lookup + load of the same hit",
+                   baseline_value=median(connector_cost(rounds, "example_full")),
+                   better="lower",
+                   params={**full, "samples": [round(x, 6) for x in
+                                               connector_cost(rounds, "kvk_full")],
+                           "baseline_samples": [round(x, 6) for x in
+                                                connector_cost(rounds, "example_full")]},
+                   note="the part of a full hit's TTFT each connector itself spends: the "
+                        "scheduler's lookup and the worker's load before the forward pass "
+                        "(measured in the engine, ttft_connector.py)"),
         ]
+        save_sent = [t["dur"] for r in rounds for key in ("kvk_miss", "kvk_save_src")
+                     for t in (r[key].get("timings") or []) + (r[key].get("before") or [])
+                     if t.get("event") == "save_sent"]
+        if save_sent:
+            out[4].params["save_sent_s"] = round(median(save_sent), 6)
         return out
+
+
+def connector_cost(rounds: List[Dict[str, Any]], key: str) -> List[float]:
+    """Per round: the connector's lookup + load seconds of rounds[i][key]."""
+    out = []
+    for r in rounds:
+        out.append(sum(t["dur"] for t in r[key].get("timings") or ()
+                       if t.get("event") in ("lookup", "load")))
+    return out
 
 
 def breakdown(rounds: List[Dict[str, Any]], key: str) -> Dict[str, float]:

@@ -14,10 +14,16 @@ event to the file named by $KVKEEPER_BENCH_TIMINGS (nothing when unset):
                                                 lease, Load + copy out of the arena +
                                                 CRC32, scatter into the KV cache)
   {"event": "step", "forward": s, "save": s}   worker, wait_for_save: forward is
-                                                the time from the end of
-                                                start_load_kv to wait_for_save (the
-                                                model's forward pass); save is the
-                                                connector's save work of the step
+                                                the time from bind_connector_metadata
+                                                (just before the forward pass) to
+                                                wait_for_save (just after it), less
+                                                the loads and saves in between; save
+                                                is the connector's save work of the
+                                                step (kvkeeper: copying new blocks
+                                                out of the KV cache)
+  {"event": "save_sent", "dur": s, "blocks": n} kvkeeper's background save thread:
+                                                one batch sent (Reserve, copy, CRC32,
+                                                Commit); off the step's critical path
 
 The writes happen inside the step (a few microseconds each); the runner
 (ttft_engine.py) reads the lines a request produced after it finished.
@@ -101,7 +107,8 @@ class TimedKVKeeperConnector(KVKeeperConnector):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._rec = _Recorder()
         self._phases = _Phases()
-        self._load_end: Optional[float] = None
+        self._bound: Optional[float] = None
+        self._load_s = 0.0
         super().__init__(*args, **kwargs)
 
     def register_kv_caches(self, kv_caches: Any) -> None:
@@ -111,16 +118,27 @@ class TimedKVKeeperConnector(KVKeeperConnector):
             return
         if getattr(w, "link", None) is not None:
             orig_call = w.link.call
-            phases = self._phases
+            phases, rec = self._phases, self._rec
 
             def call(fn: Any, what: str, *a: Any, **k: Any) -> Any:
-                return orig_call(lambda c: fn(_TimedClient(c, phases)), what, *a, **k)
+                if what != "save":
+                    return orig_call(lambda c: fn(_TimedClient(c, phases)), what, *a, **k)
+                t = time.perf_counter()   # the background save thread
+                try:
+                    return orig_call(fn, what, *a, **k)
+                finally:
+                    rec.write({"event": "save_sent", "dur": time.perf_counter() - t})
 
             w.link.call = call
         codec = getattr(w, "codec", None)
         if codec is not None:
             codec.scatter = self._phases.timed("scatter", codec.scatter)
             codec.gather = self._phases.timed("gather", codec.gather)
+
+    def bind_connector_metadata(self, connector_metadata: Any) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        self._bound = time.perf_counter()
+        self._load_s = 0.0
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
         t = time.perf_counter()
@@ -139,7 +157,7 @@ class TimedKVKeeperConnector(KVKeeperConnector):
         finally:
             end = time.perf_counter()
             phases = self._phases.close()
-            self._load_end = end
+            self._load_s += end - t
             if loads:
                 self._rec.write({"event": "load", "dur": end - t,
                                  "blocks": sum(s.num_blocks() for s in loads),
@@ -155,18 +173,24 @@ class TimedKVKeeperConnector(KVKeeperConnector):
         finally:
             end = time.perf_counter()
             phases = self._phases.close()
-            if self._load_end is not None:
-                self._rec.write({"event": "step", "forward": t - self._load_end,
+            if self._bound is not None:
+                self._rec.write({"event": "step", "forward": t - self._bound - self._load_s,
                                  "save": end - t, "gather": phases.get("gather", 0.0)})
-                self._load_end = None
+                self._bound = None
 
 
 class TimedExampleConnector(ExampleConnector):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._rec = _Recorder()
-        self._load_end: Optional[float] = None
+        self._bound: Optional[float] = None
+        self._load_s = 0.0
         self._save_s = 0.0
         super().__init__(*args, **kwargs)
+
+    def bind_connector_metadata(self, connector_metadata: Any) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        self._bound = time.perf_counter()
+        self._load_s = self._save_s = 0.0
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
         t = time.perf_counter()
@@ -178,13 +202,12 @@ class TimedExampleConnector(ExampleConnector):
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._get_connector_metadata() if self.has_connector_metadata() else None
         loads = [r for r in getattr(meta, "requests", ()) if not r.is_store]
-        self._save_s = 0.0
         t = time.perf_counter()
         try:
             super().start_load_kv(forward_context, **kwargs)
         finally:
             end = time.perf_counter()
-            self._load_end = end
+            self._load_s += end - t
             if loads:
                 self._rec.write({"event": "load", "dur": end - t,
                                  "tokens": sum(len(r.slot_mapping) for r in loads)})
@@ -202,9 +225,10 @@ class TimedExampleConnector(ExampleConnector):
         try:
             super().wait_for_save()
         finally:
-            if self._load_end is not None:
+            if self._bound is not None:
                 # save_kv_layer runs inside the forward (after each attention
-                # layer): take it out of the forward time.
-                self._rec.write({"event": "step", "forward": t - self._load_end - self._save_s,
+                # layer, writing a safetensors file): count it as save.
+                self._rec.write({"event": "step",
+                                 "forward": t - self._bound - self._load_s - self._save_s,
                                  "save": self._save_s + time.perf_counter() - t})
-                self._load_end = None
+                self._bound = None

@@ -20,10 +20,13 @@ classes, plus timing lines in --timings). Prints `KVKBENCH {"ready": true}`,
 then answers each command line on stdin with one `KVKBENCH <json>` line
 (everything else on stdout is vLLM's logging):
 
-  {"cmd": "generate", "prompts": [[ids], ...]}
-      each prompt alone, max_tokens=1, one after the other ->
+  {"cmd": "generate", "prompts": [[ids], ...], "settle": s}
+      each prompt alone, max_tokens=1, one after the other, each after a
+      pause of `settle` seconds ->
       {"results": [{"ttft": s, "wall": s, "cached": n, "params": kv_transfer_params,
-                    "timings": [timing lines of that request]}, ...]}
+                    "timings": [timing lines written during the request],
+                    "before": [lines written before it: earlier background work]},
+                   ...]}
       ttft is vLLM's first_token_latency (arrival to first token, measured
       by the front end), wall the time llm.generate took.
   {"cmd": "metrics"}  -> {"metrics": {name: value}} (kvkeeper and external
@@ -149,7 +152,10 @@ def main() -> int:
             if op == "generate":
                 results = []
                 for p in cmd["prompts"]:
-                    timings.take()   # whatever came before belongs to no request
+                    # Let earlier requests' background work (saves, releases) end,
+                    # so that it does not run during this request.
+                    time.sleep(float(cmd.get("settle", 0.0)))
+                    before = timings.take()   # lines of that background work
                     gc.collect()
                     t = time.perf_counter()
                     outs = llm.generate([{"prompt_token_ids": list(p)}], sp, use_tqdm=False)
@@ -160,7 +166,7 @@ def main() -> int:
                     results.append({"ttft": float(ttft), "wall": wall,
                                     "cached": int(getattr(o, "num_cached_tokens", 0) or 0),
                                     "params": o.kv_transfer_params,
-                                    "timings": timings.take()})
+                                    "timings": timings.take(), "before": before})
                 reply({"results": results})
             elif op == "metrics":
                 reply({"metrics": metrics(llm)})
