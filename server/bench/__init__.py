@@ -29,6 +29,10 @@ from typing import Callable, Optional, Sequence
 
 from .result import Result, render_table, to_json
 
+class BenchUnavailable(RuntimeError):
+    """A benchmark cannot run in this environment (e.g. ttft without vLLM)."""
+
+
 BENCHES = ("ledger", "control", "data", "disk")   # what `all` runs
 EXTRA_BENCHES = ("ttft",)                          # run only by name (needs vLLM)
 
@@ -68,8 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kvkeeper bench",
         description="Benchmarks of kvkeeper, each against a baseline measured in the same run.",
         epilog="all = " + ", ".join(BENCHES) + " (the daemon's benchmarks). ttft is not in all: "
-               "it needs vLLM and torch and starts vLLM engines (CPU build: ~2.5 min, "
-               "--quick ~1.5 min); run it by name.")
+               "it needs vLLM and torch and starts vLLM engines (CPU build: ~4 min, "
+               "--quick ~1 min); run it by name.")
     p.add_argument("which", choices=(*BENCHES, *EXTRA_BENCHES, "all"),
                    help="which benchmark to run; all = " + ", ".join(BENCHES)
                         + "; ttft (vLLM connector time to first token) is not in all")
@@ -101,6 +105,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("kvkeeper bench: interrupted", file=sys.stderr)
         return 1
+    except BenchUnavailable as e:
+        print(f"kvkeeper bench: {args.which} cannot run here: {e}", file=sys.stderr)
+        return 1
     except Exception as e:  # noqa: BLE001 - report, do not dump a trace on the user
         import traceback
         traceback.print_exc()
@@ -114,4 +121,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-__all__ = ["BENCHES", "EXTRA_BENCHES", "Result", "build_parser", "main", "run_benches"]
+__all__ = ["BENCHES", "EXTRA_BENCHES", "BenchUnavailable", "Result", "build_parser", "main", "run_benches"]

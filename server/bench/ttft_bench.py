@@ -4,27 +4,39 @@
 
 Needs vLLM and torch, in the Python that runs the engines (--engine-python,
 $KVKEEPER_BENCH_PYTHON, else this interpreter); this module itself imports
-neither (nor does anything the daemon imports import it). It starts a
-kvkeeper daemon (serve_helper.py, shared memory on a unix socket) and four
-vLLM engines, each in its own process (ttft_engine.py), all on the same
-dummy-weight Llama (MODEL: one layer of hidden 768, 12 heads, 12 KV heads,
-fp32, vocab 32000; its recompute prefill of 2048 tokens takes about 1 s on a
-2-core CPU), blocks of 32 tokens, vLLM's prefix caching disabled:
+neither (and nothing the daemon imports imports it). It starts a kvkeeper
+daemon (serve_helper.py: the real daemon, shared memory, a unix socket) and
+four vLLM engines, each in its own processes (ttft_engine.py), all on the
+same dummy-weight Llama (MODEL: one layer of hidden 768, 12 heads, 12 KV
+heads, fp32, vocab 32000: its 2048-token prefill takes about 1 s on one core
+of the 2-core CPU it was tuned on), blocks of 32 tokens, vLLM's own prefix
+caching disabled (so a hit can only come from the connector):
 
   recompute  no connector: every prompt is computed
   kvk-a      KVKeeperConnector: computes prompts and saves them to the daemon
   kvk-b      KVKeeperConnector: loads what kvk-a saved (another process, as
              another vLLM instance would)
-  example    vLLM's in-tree ExampleConnector (safetensors files in a local
-             directory): each prompt is sent twice, the first saves it, the
-             second (measured) loads it
+  example    vLLM's in-tree ExampleConnector (kv_connector "ExampleConnector":
+             safetensors files in a local directory, here in the page cache):
+             each prompt is sent twice, the first saves it, the second
+             (measured) loads it
+
+Every engine's CPU worker computes on one core with one thread
+(VLLM_CPU_NUM_OF_RESERVED_CPU=1: vLLM would otherwise give connector engines
+both cores of a 2-core machine and the recompute engine one); the other core
+is left to the engine cores, the front ends, the daemon and connector threads.
+--quick runs each engine in a single process (VLLM_ENABLE_V1_MULTIPROCESSING=0),
+which starts three times faster; the full run keeps vLLM's usual layout (front
+end, engine core, worker).
 
 TTFT is vLLM's per-request first_token_latency (arrival to first token, as
 the front end sees it) of one request at a time with max_tokens=1. Each
-repetition uses fresh random prompts and runs every engine once, one engine
-after the other (so noise from the machine hits all of them alike); the
-median of the repetitions is reported, after untimed warm-ups. Per
-repetition:
+repetition uses fresh random prompts and runs every engine in turn (so noise
+from the machine hits all of them alike), each request after a pause: 0.25 s
+for earlier requests' background work (saves, releases) to end, 1.3 s when
+the previous request ran on another engine (vLLM's worker and engine core
+busy-poll for 1 s after each step: see SWITCH_SETTLE_S). The median of the
+repetitions is reported, after untimed warm-ups. Per repetition:
 
   full hit     a 2048-token prompt (512 with --quick): kvk-a computes and
                saves it; recompute computes it; kvk-b loads 2016 tokens (63
@@ -35,25 +47,30 @@ repetition:
                loads the prefix and computes the rest
 
 Every hit is verified, or the benchmark fails: kvk-b's per-request report
-(kv_transfer_params["kvkeeper"]["hit_tokens"]) and its loaded-blocks counter
-must show the whole hit loaded (no block failed), example's request must
-report the hit as cached tokens; recompute must report none.
+(kv_transfer_params["kvkeeper"]["hit_tokens"]), its worker's loaded blocks
+and its counters (loaded blocks, no load or checksum errors) must show the
+whole hit loaded; example's second request must report the hit as cached
+tokens; recompute and kvk-a must report none.
 
-Results (seconds; ratio = kvkeeper / baseline):
+Results (seconds; ratio = value / baseline):
 
-  ttft.full_hit.kvkeeper_vs_recompute        target <= 0.1
-  ttft.full_hit.kvkeeper_vs_example_connector target <= 0.5
-  ttft.partial_hit.kvkeeper_vs_recompute     informational
+  ttft.full_hit.kvkeeper_vs_recompute          target <= 0.1
+  ttft.full_hit.kvkeeper_vs_example_connector  target <= 0.5
+  ttft.partial_hit.kvkeeper_vs_recompute       informational
   ttft.full_hit.example_connector_vs_recompute informational
-  ttft.miss.kvkeeper_vs_recompute            informational: kvk-a's TTFT on
-                                             fresh prompts (a lookup that misses
-                                             plus copying the blocks out to save)
+  ttft.miss.kvkeeper_vs_recompute              informational: kvk-a on fresh
+        prompts (a lookup that misses, the prefill, copying the new blocks out)
+  ttft.full_hit.connector_cost.kvkeeper_vs_example_connector  informational:
+        what each connector itself spends of a full hit's TTFT (the scheduler's
+        lookup and the worker's load before the forward pass)
 
 params carry every sample, the verified hit, and the median breakdown of a
-kvkeeper hit measured inside the engine (ttft_connector.py): scheduler lookup,
-worker load (its Match, Load + copy out of the arena + CRC32, scatter into the
-KV cache), the forward pass, and the rest (scheduling, IPC, sampling, output).
-About 2.5 minutes (--quick: about 1.5 minutes), most of it the engines'
+hit measured inside the engines (ttft_connector.py): lookup, load (kvkeeper:
+the worker's Match, load_into = Load + copy out of the arena + CRC32 check,
+scatter into the KV cache), forward, save, and other (the rest of the TTFT:
+front end, IPC, scheduling, sampling, output), plus the machine's load
+average (other work on the machine makes every figure noisier). About 4
+minutes on a 2-core CPU (--quick: about 1 minute), half of it the engines'
 start-up.
 """
 from __future__ import annotations
@@ -74,6 +91,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from . import BenchUnavailable
 from .result import Result, median
 from .servers import ServerProcess
 
@@ -83,7 +101,14 @@ BLOCK_TOKENS = 32
 MAX_MODEL_LEN = 4096
 READY_TIMEOUT_S = 600.0
 CALL_TIMEOUT_S = 300.0
-SETTLE_S = 0.25   # pause before each request: earlier requests' background work ends
+# Pauses before each measured request. Within one engine, earlier requests'
+# background work (kvkeeper's saves and releases) ends. Between engines, the
+# one that ran last stops spinning: vLLM's worker and engine core busy-poll
+# their shared-memory queues (sched_yield) for 1 s after their last message
+# (shm_broadcast.SpinCondition), which on a small machine would take CPU from
+# the next engine's request.
+SETTLE_S = 0.25
+SWITCH_SETTLE_S = 1.3
 
 # A dummy-weight Llama whose 2048-token prefill takes about 1 s on the
 # 2-core CPU this was tuned on (vLLM CPU build, fp32: bf16 is ~10x slower
@@ -118,10 +143,6 @@ class Scale:
         return cls(prompt_tokens=2048, shared_tokens=1536, reps=7, warmups=2, in_process=False)
 
 
-class BenchUnavailable(RuntimeError):
-    """The benchmark cannot run here (no vLLM)."""
-
-
 class VerificationError(RuntimeError):
     """A hit the benchmark relies on did not happen: its figures would be wrong."""
 
@@ -139,8 +160,8 @@ def check_vllm(python: str) -> None:
         raise BenchUnavailable(f"cannot run {python}: {e}") from e
     if r.returncode != 0:
         raise BenchUnavailable(
-            f"ttft needs vLLM and torch in the engines' Python, and {python} has not both; "
-            f"pass --engine-python PATH (or set ${PYTHON_ENV}) to a Python with vLLM")
+            f"it needs vLLM and torch in the engines' Python, and {python} lacks one or "
+            f"both; pass --engine-python PATH (or set ${PYTHON_ENV}) to a Python with vLLM")
 
 
 # --------------------------------------------------------------------------- engines
@@ -268,7 +289,8 @@ class Bench:
         self.daemon: Optional[ServerProcess] = None
         self.engines: Dict[str, Engine] = {}
         self.client: Any = None
-        self.seed: Optional[bytes] = None
+        self.foreign: Optional[Dict[str, float]] = None
+        self.last_engine = ""
 
     # ---- set-up
 
@@ -343,7 +365,8 @@ class Bench:
         keys = chain_keys(bytes.fromhex(info["seed"]), list(tokens), int(info["block_tokens"]))
         return self.client.match(keys).matched, len(keys)
 
-    def wait_saved(self, saved: Sequence[Tuple[Dict[str, Any], List[int]]], timeout: float = 60.0) -> None:
+    def wait_saved(self, saved: Sequence[Tuple[Dict[str, Any], List[int]]],
+                   timeout: float = 60.0) -> None:
         """kvk-a's saves are sent in the background: wait until all are committed."""
         deadline = time.monotonic() + timeout
         for res, tokens in saved:
@@ -358,26 +381,30 @@ class Bench:
 
     # ---- one round
 
+    def one(self, engine: str, prompt: Sequence[int]) -> Dict[str, Any]:
+        settle = SETTLE_S if engine == self.last_engine else SWITCH_SETTLE_S
+        self.last_engine = engine
+        return self.engines[engine].one(prompt, settle=settle)
+
     def round(self, warm: bool) -> Dict[str, Any]:
         """Every engine once on fresh prompts; the samples of this round."""
-        e = self.engines
         n, shared = self.s.prompt_tokens, self.s.shared_tokens
         full = self.prompts.tokens(n)
         prefix = self.prompts.tokens(shared)
         src = prefix + self.prompts.tokens(n - shared)      # what kvk-a saves
         partial = prefix + self.prompts.tokens(n - shared)  # shares only the prefix
-        a_full = e["kvk-a"].one(full)
-        a_src = e["kvk-a"].one(src)
+        a_full = self.one("kvk-a", full)
+        a_src = self.one("kvk-a", src)
         # kvk-a sends its saves in the background: all of it is in the daemon
         # (and nothing is still being sent) before anything else is measured.
         self.wait_saved([(a_full, full), (a_src, src)])
-        r_full = e["recompute"].one(full)
-        r_partial = e["recompute"].one(partial)
-        b_full = e["kvk-b"].one(full)
-        b_partial = e["kvk-b"].one(partial)
+        r_full = self.one("recompute", full)
+        r_partial = self.one("recompute", partial)
+        b_full = self.one("kvk-b", full)
+        b_partial = self.one("kvk-b", partial)
         self.wait_saved([(b_partial, partial)])   # kvk-b saves the blocks it computed
-        x_save = e["example"].one(full)
-        x_full = e["example"].one(full)
+        x_save = self.one("example", full)
+        x_full = self.one("example", full)
         # Verify, also in warm-ups (a broken set-up fails before the long part).
         expect_hits("kvkeeper full hit (kvk-b)", [kvk_hit(b_full)], self.full_hit)
         expect_hits("kvkeeper partial hit (kvk-b)", [kvk_hit(b_partial)], self.partial_hit)
@@ -397,8 +424,17 @@ class Bench:
                 "kvk_partial": b_partial, "kvk_miss": a_full, "kvk_save_src": a_src,
                 "example_full": x_full, "example_save": x_save}
 
+    def _our_pids(self) -> List[int]:
+        pids = [os.getpid()]
+        if self.daemon is not None and self.daemon.proc is not None:
+            pids.append(self.daemon.proc.pid)
+        return pids
+
     def run(self) -> List[Result]:
         self.start()
+        groups = [e.proc.pid for e in self.engines.values()]   # each its own session
+        cpu0 = _cpu_seconds(groups, self._our_pids())
+        t0 = time.monotonic()
         for i in range(self.s.warmups):
             self.round(warm=True)
             self.log(f"ttft: warm-up {i + 1}/{self.s.warmups} done")
@@ -413,6 +449,11 @@ class Bench:
                      f"{r['example_full']['ttft'] * 1e3:.1f}ms, kvkeeper partial "
                      f"{r['kvk_partial']['ttft']:.3f}s")
         after = self.engines["kvk-b"].metrics()
+        cpu1 = _cpu_seconds(groups, self._our_pids())
+        if cpu0 is not None and cpu1 is not None:
+            self.foreign = {"seconds": round(time.monotonic() - t0, 1),
+                            "cpu_seconds_of_other_processes": round(
+                                (cpu1[0] - cpu0[0]) - (cpu1[1] - cpu0[1]), 1)}
         self._check_counters(before, after)
         return self.results(rounds)
 
@@ -454,6 +495,10 @@ class Bench:
                                        "front end, engine core, worker (vLLM's default)"),
                   "vllm_cpu_reserved_cpus": os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", "1"),
                   "cpus": os.cpu_count(),
+                  # CPU time the machine spent on processes other than this
+                  # benchmark's while the repetitions ran: more than a few
+                  # seconds means other work shared the CPUs (noisier figures)
+                  "repetitions_wall_and_other_cpu": self.foreign,
                   "ttft": "vLLM first_token_latency of one request, max_tokens=1, median",
                   "vllm_prefix_caching": False}
         full = {**common, "prompt_tokens": s.prompt_tokens, "hit_tokens": self.full_hit,
@@ -525,6 +570,30 @@ class Bench:
         if save_sent:
             out[4].params["save_sent_s"] = round(median(save_sent), 6)
         return out
+
+
+def _cpu_seconds(groups: Sequence[int], pids: Sequence[int]) -> Optional[Tuple[float, float]]:
+    """(busy CPU seconds of the whole machine, CPU seconds of the processes in
+    process groups `groups` or with ids `pids`), from /proc; None elsewhere."""
+    try:
+        hz = os.sysconf("SC_CLK_TCK")
+        with open("/proc/stat") as fh:
+            f = [int(x) for x in fh.readline().split()[1:]]
+        busy = sum(f) - f[3] - (f[4] if len(f) > 4 else 0)   # less idle and iowait
+        ours = 0
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat") as fh:
+                    st = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(st[2]) in groups or int(name) in pids:   # st[2]: pgrp
+                ours += int(st[11]) + int(st[12])            # utime, stime
+        return busy / hz, ours / hz
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def connector_cost(rounds: List[Dict[str, Any]], key: str) -> List[float]:
