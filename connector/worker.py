@@ -3,10 +3,7 @@
 Loads (start_load_kv, before the forward; the direct path: all layers at
 once) match the LoadSpec's keys under this worker's own lease, copy the
 blocks into a staging tensor (client.load_into, checksums verified), scatter
-them into the paged KV tensors and release the lease. The staging tensor is
-kept and reused by later loads (up to LOAD_STAGING_MAX_BYTES): a fresh one
-would make every load pay the page faults of newly mapped memory on its
-critical path. A block that is
+them into the paged KV tensors and release the lease. A block that is
 missing, fails its checksum or cannot be read, and every block after it in
 that load, is reported through get_block_ids_with_load_errors() so vLLM
 recomputes it; a corrupt block is released with discard=True so the daemon
@@ -44,10 +41,6 @@ __all__ = ["WorkerSide"]
 log = logging.getLogger("kvkeeper.connector")
 
 _STOP = object()
-
-# Loads up to this size reuse one staging tensor, kept between loads (it
-# grows to the largest such load); larger ones get a tensor of their own.
-LOAD_STAGING_MAX_BYTES = 256 << 20
 
 
 class _Saver:
@@ -154,7 +147,6 @@ class WorkerSide:
         self._invalid: Set[int] = set()
         self._loads_done: Dict[int, Dict[int, Tuple[int, bool]]] = {}
         self._saver: Optional[_Saver] = None
-        self._load_rows: Optional[torch.Tensor] = None   # reused staging for loads
 
     # ---- set-up
 
@@ -225,7 +217,7 @@ class WorkerSide:
             return 0, False
         corrupt = False
         try:
-            rows = self._load_staging(res.matched)
+            rows = self.codec.new_rows(res.matched)
             arr = rows.numpy()
             bufs = [arr[i] for i in range(res.matched)]
             good = min(res.matched, n)
@@ -246,21 +238,6 @@ class WorkerSide:
             if self.releaser is not None:
                 self.releaser.release(res.lease_id, discard=corrupt)
         return good, corrupt
-
-    def _load_staging(self, n: int) -> torch.Tensor:
-        """Rows for n blocks: a view of the reused staging tensor when it fits
-        LOAD_STAGING_MAX_BYTES. Loads run one at a time, in start_load_kv, and
-        scatter has copied the rows out before it returns, so one tensor serves
-        them all."""
-        assert self.codec is not None
-        most = LOAD_STAGING_MAX_BYTES // self.codec.block_bytes
-        if n > most:
-            return self.codec.new_rows(n)
-        if self._load_rows is None or self._load_rows.shape[0] < n:
-            self._load_rows = None   # free the smaller one first
-            self._load_rows = self.codec.new_rows(min(most, 1 << (n - 1).bit_length()))
-            self._load_rows.fill_(0)   # touch every page once, here, not in each load
-        return self._load_rows[:n]
 
     def take_load_errors(self) -> Set[int]:
         out, self._invalid = self._invalid, set()

@@ -107,40 +107,6 @@ def test_saved_blocks_load_into_other_block_ids(daemon: DaemonProcess, transport
         b.shutdown()
 
 
-def test_loads_reuse_one_staging_tensor(daemon: DaemonProcess,
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Successive loads share the staging rows (no fresh memory on each load's
-    critical path) and still land exactly; a load over the cap gets its own."""
-    import kvkeeper.connector.worker as worker_mod
-
-    src, dst = tensors(1), tensors(2)
-    a, b = worker(daemon.url, src), worker(daemon.url, dst)
-    try:
-        ks3, ks2 = keys(3, salt=7), keys(2, salt=8)
-        save(a, ks3, [4, 7, 1])
-        save(a, ks2, [2, 3])
-        assert load(b, ks3, [0, 9, 5])[0] == set()
-        first = b._load_rows
-        assert first is not None and first.shape[0] >= 3
-        assert load(b, ks2, [6, 8], load_id=2)[0] == set()   # smaller: the same tensor
-        assert b._load_rows is first
-        for name in ("l0", "l1"):
-            for s, d in ((4, 0), (7, 9), (1, 5), (2, 6), (3, 8)):
-                assert torch.equal(dst[name][d], src[name][s])
-        monkeypatch.setattr(worker_mod, "LOAD_STAGING_MAX_BYTES", 2 * layout().block_bytes)
-        dst2 = tensors(3)
-        c = worker(daemon.url, dst2)
-        try:
-            assert load(c, ks3, [1, 2, 3], load_id=3)[0] == set()   # 3 blocks > cap of 2
-            assert c._load_rows is None
-            assert torch.equal(dst2["l1"][2], src["l1"][7])
-        finally:
-            c.shutdown()
-    finally:
-        a.shutdown()
-        b.shutdown()
-
-
 def test_missing_blocks_are_reported_from_the_first_gap(daemon: DaemonProcess) -> None:
     src, dst = tensors(1), tensors(2)
     before = {n: t.clone() for n, t in dst.items()}
