@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
@@ -66,11 +66,15 @@ NamespaceLike = Union[Mapping[str, Any], pb.NamespaceDescriptor]
 @dataclass(frozen=True)
 class MatchResult:
     """`matched` leading keys are cached; `tiers[i]` is a kvkeeper_pb2.Tier value;
-    `lease_id` is None unless a lease was asked for and something matched."""
+    `lease_id` is None unless a lease was asked for and something matched.
+    `blocks`: with match(..., lease=True, blocks=True) on a client that maps
+    the arena, the leased blocks' kvkeeper_pb2.BlockRef (arena extents and
+    checksum), one per leased block in lease order, for `arena_views`; else empty."""
 
     matched: int
     tiers: List[int]
     lease_id: Optional[int]
+    blocks: List[pb.BlockRef] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -430,32 +434,103 @@ class AsyncClient:
 
     # ---- API
 
-    async def match(self, keys: Sequence[bytes], lease: bool = False) -> MatchResult:
+    async def match(self, keys: Sequence[bytes], lease: bool = False,
+                    blocks: bool = False) -> MatchResult:
         """How many leading `keys` (chained, prefix order) the daemon holds.
 
         With lease=True the matched blocks stay pinned until `release`; a
         leased match looks at the first max_keys_per_call keys only (one lease
         per call), an unleased one splits longer lists itself.
+
+        blocks=True (only with lease=True, else ValueError) also fills
+        MatchResult.blocks with what a Load of the lease would return, in the
+        same round trip, for `arena_views`. A client that streams (no arena
+        mapped) does not ask for them, since it could not use them: `blocks`
+        stays empty, arena_views returns None and `load_into` streams.
         """
+        if blocks and not lease:
+            raise ValueError("blocks=True needs lease=True: block extents are only "
+                             "valid while a lease pins them")
         keys = self._check_keys(keys)
         if not keys:
             return MatchResult(0, [], None)
         limit = self._max_keys or len(keys)
         if lease:
             keys = keys[:limit]
+        ask = blocks and self._mapping is not None
         matched, tiers, lease_id = 0, [], None
+        refs: List[pb.BlockRef] = []
         for start in range(0, len(keys), limit):
             part = keys[start:start + limit]
             resp = await self._unary(
-                "Match", lambda s: pb.MatchRequest(session_id=s, keys=part, lease=lease),
+                "Match",
+                lambda s: pb.MatchRequest(session_id=s, keys=part, lease=lease, blocks=ask),
                 retry=not lease, rebind=True)
             matched += resp.matched
             tiers.extend(resp.tiers)
             if lease and resp.lease_id:
                 lease_id = resp.lease_id
+                if ask:
+                    refs = await self._leased_refs(resp)
             if resp.matched < len(part):
                 break
-        return MatchResult(matched, tiers, lease_id)
+        return MatchResult(matched, tiers, lease_id, refs)
+
+    async def _leased_refs(self, resp: pb.MatchResponse) -> List[pb.BlockRef]:
+        """The BlockRefs of the lease a Match(blocks=true) granted. On any
+        failure the lease is released, since the caller never learns its id."""
+        try:
+            refs = list(resp.blocks)
+            if not refs:
+                # A daemon older than MatchRequest.blocks ignores it: Load as before.
+                loaded = await self._unary(
+                    "Load", lambda s: pb.LoadRequest(session_id=s, lease_id=resp.lease_id),
+                    retry=True, rebind=False)
+                refs = list(loaded.blocks)
+            if len(refs) != resp.matched:
+                raise _protocol_error(f"lease {resp.lease_id} of {resp.matched} blocks came "
+                                      f"with {len(refs)} block refs")
+            return refs
+        except BaseException:
+            try:
+                await self.release(resp.lease_id)
+            except Exception as e:  # the lease goes with the session at the latest
+                log.debug("kvkeeper: releasing lease %d failed: %s", resp.lease_id, e)
+            raise
+
+    def arena_views(self, refs: Sequence[pb.BlockRef]) -> Optional[List[List[memoryview]]]:
+        """Zero-copy views of blocks in the mapped arena: for each BlockRef (from
+        MatchResult.blocks), read-only memoryviews of its extents, in order;
+        together they hold block_bytes bytes. None when no arena is mapped
+        (streaming client, arena gone, client closed): use `load_into` then.
+
+        The views are valid only while the lease is held: after `release` the
+        pages may be evicted and reused for other blocks. Read-only because
+        the pages are shared with every other reader of the block. A mapping
+        closed meanwhile stays mapped until the views are dropped (see
+        arena_format.unmap). Checksums are not verified here (that would read
+        every byte); each ref carries checksum_algo and checksum for a caller
+        that checks its own copy, as `load_into` does.
+
+        Synchronous and safe from any thread: it only reads the mapping.
+        """
+        m = self._mapping
+        if m is None:
+            return None
+        bb = self._ns.block_bytes
+        for i, ref in enumerate(refs):
+            length = sum(e.length for e in ref.extents)
+            if length != bb:
+                raise _protocol_error(f"block ref {i} spans {length} bytes, not {bb}")
+        try:
+            if not m.still_valid():
+                return None
+            return [[v.toreadonly() for v in m.gather(ref.extents)] for ref in refs]
+        except ValueError as e:
+            # Another thread (Client's event loop) may close the mapping meanwhile.
+            if m.closed:
+                return None
+            raise _protocol_error(f"block ref outside the arena: {e}") from None
 
     async def load(self, lease_id: int) -> List[bytes]:
         """The bytes of every block of the lease, in lease order."""

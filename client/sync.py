@@ -170,8 +170,15 @@ class Client:
 
     # ---- API (see AsyncClient for the semantics)
 
-    def match(self, keys: Sequence[bytes], lease: bool = False) -> MatchResult:
-        return self._submit(self._aclient.match(keys, lease), rpcs=2 * self._rounds(len(keys)))
+    def match(self, keys: Sequence[bytes], lease: bool = False,
+              blocks: bool = False) -> MatchResult:
+        # blocks may add a Load (older daemons) and a Release (on failure).
+        rpcs = 2 * self._rounds(len(keys)) + (2 if blocks else 0)
+        return self._submit(self._aclient.match(keys, lease, blocks), rpcs=rpcs)
+
+    def arena_views(self, refs: Sequence[pb.BlockRef]) -> Optional[List[List[memoryview]]]:
+        # No hop to the loop thread: AsyncClient.arena_views only reads the mapping.
+        return self._aclient.arena_views(refs)
 
     def load(self, lease_id: int) -> List[bytes]:
         return self._submit(self._aclient.load(lease_id), rpcs=2)

@@ -11,10 +11,17 @@ group's order, of that layer's page in logical [H, block_tokens, C] order
 (see layout.py). `BlockCodec.gather` copies vLLM blocks into rows of a uint8
 staging tensor [n, block_bytes]; `scatter` copies rows back. Both work for
 any strides and any device (copy_ moves across devices).
+
+The direct load path skips the staging tensor: `copy_layer_in` copies one
+layer of each block straight from its source bytes (views of the daemon's
+shared-memory arena) into the KV tensors, one layer at a time so a layer's
+attention can start once that layer is in; `block_checksum` then checks the
+bytes that landed in the KV cache, so what vLLM reads is what was verified.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Sequence
+import zlib
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import torch
 
@@ -155,6 +162,54 @@ class BlockCodec:
             src = self._row_view(layer, rows).permute(0, 2, 1, 3, 4)
             src = src.reshape(n * layer.split, t.shape[1], layer.kernel_tokens, t.shape[3])
             t.index_copy_(0, self._kernel_index(layer, block_ids), src.to(t.device))
+
+    # ---- direct path (no staging tensor)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self._layers)
+
+    @property
+    def layer_names(self) -> List[str]:
+        return [layer.name for layer in self._layers]
+
+    def _block_slice(self, layer: _Layer, block_id: int) -> torch.Tensor:
+        """The kernel blocks of vLLM block `block_id` in `layer`: [split, H, Nk, C]."""
+        k = layer.split
+        return layer.tensor[block_id * k:(block_id + 1) * k]
+
+    def copy_layer_in(self, index: int, block_ids: Sequence[int],
+                      sources: Sequence[torch.Tensor]) -> None:
+        """Copy layer `index` of sources[i] (a uint8 tensor of block_bytes: one
+        whole block, e.g. a view of the arena) into vLLM block block_ids[i]."""
+        layer = self._layers[index]
+        lb = self.layout.layer_bytes
+        t = layer.tensor
+        shape = (t.shape[1], layer.split, layer.kernel_tokens, t.shape[3])
+        for bid, src in zip(block_ids, sources):
+            part = src[layer.offset:layer.offset + lb].view(t.dtype).view(shape)
+            # logical [H, split, Nk, C] -> the kernel blocks' [split, H, Nk, C]
+            self._block_slice(layer, bid).copy_(part.permute(1, 0, 2, 3))
+
+    def block_checksum(self, block_id: int, algo: Callable[[Any], int],
+                       crc32: bool) -> int:
+        """The checksum of vLLM block `block_id` as its block bytes would be
+        (every layer in logical order), read from the KV tensors. With
+        crc32=True `algo` is ignored and zlib's CRC32 is chained over the
+        layers without building the block; else the block is gathered first."""
+        if not crc32:
+            row = self.new_rows(1)
+            self.gather([block_id], row)
+            return algo(row[0].numpy())
+        crc = 0
+        for layer in self._layers:
+            part = self._block_slice(layer, block_id).permute(1, 0, 2, 3)
+            if not part.is_contiguous():
+                part = part.contiguous()
+            if part.device.type != "cpu":
+                part = part.cpu()
+            crc = zlib.crc32(part.view(torch.uint8).reshape(-1).numpy(), crc)
+        return crc & 0xFFFFFFFF
 
     def describe(self) -> Dict[str, object]:
         first = self._layers[0].tensor

@@ -106,10 +106,6 @@ def _fail_loads(self: "KVKeeperConnector", *a: Any, **k: Any) -> None:
         self._worker.fail_loads(self._get_connector_metadata())
 
 
-def _no_finished(self: Any, *a: Any, **k: Any) -> Tuple[None, None]:
-    return None, None
-
-
 def _no_errors(self: Any, *a: Any, **k: Any) -> set:
     return set()
 
@@ -126,6 +122,8 @@ class KVKeeperConnector(KVConnectorBase_V1):
         self._worker: Any = None   # worker.WorkerSide (imported lazily: it needs torch)
         self._disabled: Optional[str] = None
         self._last_log: Dict[str, float] = {}
+        self._saving: set = set()    # scheduler: requests that planned saves
+        self._delayed: set = set()   # scheduler: frees delayed, for the next step's metadata
         ktc = self._kv_transfer_config
         try:
             cfg = ConnectorConfig.from_extra(ktc.kv_connector_extra_config, ktc.kv_role)
@@ -251,8 +249,10 @@ class KVKeeperConnector(KVConnectorBase_V1):
                                f"({self._disabled})")
         self._worker.start_load_kv(meta)
 
+    @_guarded(_none)
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # start_load_kv loads every layer before the forward
+        if self._worker is not None:
+            self._worker.wait_for_layer_load(layer_name)
 
     def save_kv_layer(self, layer_name: str, kv_layer: "torch.Tensor",
                       attn_metadata: "AttentionMetadata", **kwargs: Any) -> None:
@@ -266,10 +266,31 @@ class KVKeeperConnector(KVConnectorBase_V1):
         if isinstance(meta, KVKeeperConnectorMetadata):
             self._worker.wait_for_save(meta)
 
-    @_guarded(_no_finished)
     def get_finished(self, finished_req_ids: set[str]) -> Tuple[Optional[set], Optional[set]]:
-        # Saves copy their blocks out within the step: nothing is ever pending.
-        return None, None
+        # vLLM keeps the blocks of every request named here (request_finished
+        # returned True) until it is answered, and fails on an answer it did
+        # not wait for: answer exactly these, this step, whatever happens.
+        notices = self._free_notices()
+        if not notices:
+            return None, None
+        try:
+            if self._worker is not None:
+                self._worker.copy_out_for(notices)
+        except Exception as e:  # noqa: BLE001 - copy_out never leaves a copy running
+            self._log_failure("get_finished", e)
+        return set(notices), None
+
+    def _free_notices(self) -> set:
+        if not self.has_connector_metadata():
+            return set()
+        meta = self._get_connector_metadata()
+        return set(getattr(meta, "free_after_save", ()) or ())
+
+    @_guarded(_none)
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        preempted = getattr(kv_connector_metadata, "preempted", None)
+        if preempted and self._worker is not None:
+            self._worker.copy_out_for(set(preempted))
 
     @_guarded(_no_errors)
     def get_block_ids_with_load_errors(self) -> set[int]:
@@ -317,8 +338,18 @@ class KVKeeperConnector(KVConnectorBase_V1):
         if self._sched is not None:
             self._sched.update_state_after_alloc(request, blocks, num_external_tokens)
 
-    @_guarded(_empty_meta)
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+        meta = self._build_meta(scheduler_output)
+        # Outside the guard: a request whose free was delayed must reach the
+        # workers even when planning this step failed, or its blocks leak.
+        for req in meta.saves:
+            self._saving.add(req.req_id)
+        meta.free_after_save, self._delayed = self._delayed, set()
+        meta.preempted = set(getattr(scheduler_output, "preempted_req_ids", None) or ())
+        return meta
+
+    @_guarded(_empty_meta)
+    def _build_meta(self, scheduler_output: "SchedulerOutput") -> KVKeeperConnectorMetadata:
         if self._sched is None:
             return KVKeeperConnectorMetadata()
         return self._sched.build_connector_meta(scheduler_output,
@@ -344,9 +375,15 @@ class KVKeeperConnector(KVConnectorBase_V1):
     @_guarded(_not_delayed)
     def request_finished(self, request: "Request",
                          block_ids: List[int]) -> Tuple[bool, Optional[Dict[str, Any]]]:
-        if self._sched is None:
-            return False, None
-        return False, self._sched.request_finished(request)
+        report = self._sched.request_finished(request) if self._sched is not None else None
+        # A request that planned saves may still have blocks queued for a
+        # worker's save thread: keep them until the workers answer (get_finished).
+        rid = request.request_id
+        if rid not in self._saving:
+            return False, report
+        self._saving.discard(rid)
+        self._delayed.add(rid)   # last: nothing after it can fail and return False
+        return True, report
 
     # ==============================
     # Stats

@@ -4,7 +4,15 @@ Scheduler -> workers (KVKeeperConnectorMetadata, one per step):
   loads: blocks the scheduler promised vLLM (a hit), by key, and the vLLM
          block ids that receive them; the worker loads them before the forward.
   saves: full blocks that this step computes, by key, and their vLLM block
-         ids; the worker copies them out after the forward and stores them.
+         ids; after the forward the worker queues them: a connector thread
+         copies them out of the KV cache and stores them.
+  free_after_save: requests that finished since the last step and whose
+         blocks vLLM keeps because request_finished returned True (they had
+         saves); the worker makes sure their blocks are copied out and
+         answers them in get_finished, so vLLM frees the blocks this step.
+  preempted: requests vLLM preempted while scheduling this step; their
+         blocks may be rewritten by this very forward, so the worker finishes
+         copying them out first (handle_preemptions).
 Keys are per TP rank (keys[rank]): every rank has its own namespace.
 
 Workers -> scheduler (KVKeeperWorkerMetadata): which loads finished and
@@ -16,7 +24,7 @@ All of it is plain data: it is pickled between processes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Tuple
+from typing import Dict, List, Set, Tuple
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorMetadata,
                                                                KVConnectorWorkerMetadata)
@@ -49,9 +57,11 @@ class SaveSpec:
 class KVKeeperConnectorMetadata(KVConnectorMetadata):
     loads: List[LoadSpec] = field(default_factory=list)
     saves: List[SaveSpec] = field(default_factory=list)
+    free_after_save: Set[str] = field(default_factory=set)
+    preempted: Set[str] = field(default_factory=set)
 
     def is_empty(self) -> bool:
-        return not self.loads and not self.saves
+        return not (self.loads or self.saves or self.free_after_save or self.preempted)
 
 
 @dataclass

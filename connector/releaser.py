@@ -13,10 +13,11 @@ import logging
 import queue
 import threading
 import time
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 from kvkeeper.client import KVKeeperClientError
 
+from .cpus import use_spare_cpus
 from .link import DaemonLink, LinkDown, is_transport_failure
 
 __all__ = ["Releaser"]
@@ -40,8 +41,9 @@ class Releaser:
         self.released = 0
         self.failed = 0
 
-    def release(self, lease_id: Optional[int], discard: bool = False) -> None:
-        """Queue Release(lease_id, discard); returns at once."""
+    def release(self, lease_id: Optional[int], discard: bool = False,
+                discard_indices: Sequence[int] = ()) -> None:
+        """Queue Release(lease_id, discard, discard_indices); returns at once."""
         if not lease_id:
             return
         with self._lock:
@@ -51,7 +53,7 @@ class Releaser:
                 self._thread.start()
             self._pending += 1
             self._idle.clear()
-        self._q.put((int(lease_id), bool(discard), time.monotonic()))
+        self._q.put((int(lease_id), bool(discard), tuple(discard_indices), time.monotonic()))
 
     def flush(self, timeout: float) -> bool:
         """Wait until every queued release is done; False on timeout."""
@@ -70,21 +72,23 @@ class Releaser:
                 self._idle.set()
 
     def _run(self) -> None:
+        use_spare_cpus()
         while True:
             item = self._q.get()
             if item is _STOP:
                 return
-            lease_id, discard, queued = item  # type: ignore[misc]
+            lease_id, discard, indices, queued = item  # type: ignore[misc]
             try:
-                self._release(lease_id, discard, queued)
+                self._release(lease_id, discard, indices, queued)
             finally:
                 self._done()
 
-    def _release(self, lease_id: int, discard: bool, queued: float) -> None:
+    def _release(self, lease_id: int, discard: bool, indices: Tuple[int, ...],
+                 queued: float) -> None:
         while True:
             err: Optional[BaseException]
             try:
-                self._link.call(lambda c: c.release(lease_id, discard=discard), "release")
+                self._link.call(lambda c: c.release(lease_id, discard=discard, discard_indices=indices), "release")
                 self.released += 1
                 return
             except LinkDown as e:

@@ -1,35 +1,58 @@
 """Worker-side logic: load leased blocks into the KV cache, copy new blocks out and save them.
 
-Loads (start_load_kv, before the forward; the direct path: all layers at
-once) match the LoadSpec's keys under this worker's own lease, copy the
-blocks into a staging tensor (client.load_into, checksums verified), scatter
-them into the paged KV tensors and release the lease. A block that is
-missing, fails its checksum or cannot be read, and every block after it in
-that load, is reported through get_block_ids_with_load_errors() so vLLM
-recomputes it; a corrupt block is released with discard=True so the daemon
-drops it.
+Loads. start_load_kv (before the forward) matches each LoadSpec's keys under
+this worker's own lease, in one round trip that also returns where the
+blocks lie in the daemon's shared-memory arena (Match with blocks=True).
+The blocks are then copied straight from the arena into the paged KV
+tensors, layer by layer, and each block's checksum is computed over the
+bytes that landed in the KV cache. Where vLLM left the worker a spare core
+(the CPU backend reserves one for the rest of the engine, see cpus.py) the
+copies and checks run on a connector thread there: wait_for_layer_load(l)
+waits only for layer l, so attention on the first layers runs while later
+ones are copied, and the checksums are checked while the forward runs.
+vLLM takes the load errors after the forward (get_block_ids_with_load_errors)
+and drops that step's output for a request whose blocks failed, so a block
+checked after its attention ran is still never served: it is recomputed.
+Without a mapped arena (another host, or kvkeeper_transport=stream) blocks
+are streamed into a staging tensor, checked (client.load_into), and copied
+in before the forward.
 
-Saves (wait_for_save, after the forward) copy the SaveSpecs' blocks out of
-the KV cache into a staging tensor right away (the only step that touches
-vLLM's memory) and hand them to a background thread that sends them
-(client.save: reserve, write, commit with checksums). vLLM may therefore free
-or reuse the blocks as soon as the step is over; request_finished never has
-to delay a free. A bounded amount of staged bytes may wait; beyond it, and
-while the daemon is unreachable, saves are dropped and counted.
+A block that is missing, fails its checksum or cannot be read, and every
+block after it in that load, is reported through
+get_block_ids_with_load_errors() so vLLM recomputes it; a corrupt block is
+released with discard so the daemon drops it.
+
+Saves are asynchronous. wait_for_save (after the forward) only queues the
+step's SaveSpecs; a connector thread copies their blocks out of the KV cache
+into a staging tensor and sends them (client.save: reserve, write, commit
+with checksums). Until a block is copied out vLLM must not reuse it, so a
+request that saved returns True from request_finished (its blocks are kept),
+and the next step's metadata names it: get_finished copies out whatever the
+thread has not reached yet and answers it, and vLLM frees the blocks then.
+A preempted request's blocks are copied out in handle_preemptions, before
+the forward that may rewrite them. A bounded amount of queued bytes may
+wait; beyond it, and while the daemon is unreachable, saves are dropped and
+counted (a lost save is only a future miss).
 """
 from __future__ import annotations
 
 import logging
 import queue
 import threading
+import time
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
 
 from kvkeeper.client import ChecksumError, KVKeeperClientError, ResourceExhaustedError
+from kvkeeper.client.checksum import ALGOS
+from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 from .blocks import BlockCodec, LayoutMismatch
 from .config import ConnectorConfig
+from .cpus import spare_cpus, use_spare_cpus
 from .layout import KVLayout
 from .link import DaemonLink, LinkDown
 from .metadata import KVKeeperConnectorMetadata, KVKeeperWorkerMetadata, LoadSpec, SaveSpec
@@ -43,13 +66,51 @@ log = logging.getLogger("kvkeeper.connector")
 _STOP = object()
 
 
-class _Saver:
-    """One thread sending staged blocks; at most max_bytes staged at a time."""
+class _SaveJob:
+    """One SaveSpec on this rank: copied out of the KV cache exactly once, by
+    the save thread or, when vLLM is about to reuse the blocks, by whoever
+    needs it done first."""
 
-    def __init__(self, link: DaemonLink, block_bytes: int, max_bytes: int,
-                 counters: Counters) -> None:
+    __slots__ = ("req_id", "keys", "block_ids", "rows", "copied", "_lock")
+
+    def __init__(self, req_id: str, keys: Sequence[bytes], block_ids: Sequence[int]) -> None:
+        self.req_id = req_id
+        self.keys = list(keys)
+        self.block_ids = tuple(block_ids)
+        self.rows: Optional[torch.Tensor] = None
+        self.copied = False
+        self._lock = threading.Lock()
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.block_ids)
+
+    def copy_out(self, codec: BlockCodec, counters: Counters) -> None:
+        with self._lock:
+            if self.copied:
+                return
+            try:
+                rows = codec.new_rows(len(self.block_ids))
+                codec.gather(self.block_ids, rows)
+                self.rows = rows
+            except Exception as e:  # noqa: BLE001 - a lost save is a future miss
+                log.warning("kvkeeper: copying %d block(s) of %s out of the KV cache failed: %s",
+                            len(self.block_ids), self.req_id, e)
+                counters.inc("save_errors")
+            finally:
+                self.copied = True
+
+
+class _Saver:
+    """One thread copying queued blocks out of the KV cache and sending them;
+    at most max_bytes queued at a time."""
+
+    def __init__(self, link: DaemonLink, codec: BlockCodec, max_bytes: int,
+                 counters: Counters, ready: "Optional[Future[None]]" = None) -> None:
         self._link = link
-        self._bb = block_bytes
+        self._ready = ready   # the first connection (made on the I/O thread)
+        self._codec = codec
+        self._bb = codec.block_bytes
         self._max = max_bytes
         self._counters = counters
         self._q: "queue.Queue[object]" = queue.Queue()
@@ -71,11 +132,8 @@ class _Saver:
                 self._thread.start()
             return True
 
-    def submit(self, keys: Sequence[bytes], rows: torch.Tensor) -> None:
-        self._q.put((list(keys), rows))
-
-    def cancel(self, nbytes: int) -> None:
-        self._done(nbytes)
+    def submit(self, job: _SaveJob) -> None:
+        self._q.put(job)
 
     def _done(self, nbytes: int) -> None:
         with self._lock:
@@ -94,15 +152,26 @@ class _Saver:
                 self._q.put(_STOP)
 
     def _run(self) -> None:
+        use_spare_cpus()
+        if self._ready is not None:
+            try:   # else the first saves find the link "connecting" and are dropped
+                self._ready.result(timeout=30.0)
+            except Exception:  # noqa: BLE001 - the link reports and retries by itself
+                pass
         while True:
-            item = self._q.get()
-            if item is _STOP:
+            job = self._q.get()
+            if job is _STOP:
                 return
-            keys, rows = item  # type: ignore[misc]
+            assert isinstance(job, _SaveJob)
             try:
-                self._send(keys, rows)
+                job.copy_out(self._codec, self._counters)
+                rows, job.rows = job.rows, None
+                if rows is not None:
+                    self._send(job.keys, rows)
+            except Exception as e:  # noqa: BLE001 - keep the thread alive
+                log.warning("kvkeeper: saving blocks of %s failed: %s", job.req_id, e)
             finally:
-                self._done(rows.shape[0] * self._bb)
+                self._done(job.num_blocks * self._bb)
 
     def _send(self, keys: List[bytes], rows: torch.Tensor) -> None:
         c = self._counters
@@ -128,6 +197,47 @@ class _Saver:
         c.inc("save_present_blocks", res.present)
 
 
+class _Fetched:
+    """One LoadSpec after its Match: a lease and views of its blocks in the arena."""
+
+    __slots__ = ("spec", "lease_id", "n", "sources", "sums", "good", "bad")
+
+    def __init__(self, spec: LoadSpec, lease_id: int, n: int,
+                 sources: List[torch.Tensor], sums: List[Tuple[int, int]]) -> None:
+        self.spec = spec
+        self.lease_id = lease_id
+        self.n = n                      # blocks to copy in: the leading matched ones
+        self.sources: Optional[List[torch.Tensor]] = sources
+        self.sums = sums                # (algo, checksum) per block, as committed
+        self.good = 0                   # leading blocks copied in and checked
+        self.bad: List[int] = []        # lease positions that failed their checksum
+
+
+class _StepLoads:
+    """The direct loads of one step: per-layer "copied" events and the job."""
+
+    def __init__(self, fetched: List[_Fetched], layer_names: Sequence[str]) -> None:
+        self.fetched = fetched
+        self.layer_done = {name: threading.Event() for name in layer_names}
+        self.future: Optional["Future[None]"] = None
+        self.abandoned = False          # give up on every block (a timeout, a failed copy)
+
+
+def _whole_block(pieces: Sequence[memoryview], block_bytes: int) -> torch.Tensor:
+    """One block's arena extents as a uint8 tensor: a view when it is one
+    extent (the usual case), else a copy joining them."""
+    with warnings.catch_warnings():
+        # Read-only views are only read; torch warns about any non-writable buffer.
+        warnings.simplefilter("ignore", UserWarning)
+        parts = [torch.frombuffer(p, dtype=torch.uint8) for p in pieces if len(p)]
+    if len(parts) == 1 and parts[0].numel() == block_bytes:
+        return parts[0]
+    out = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
+    if out.numel() != block_bytes:
+        raise ValueError(f"a block's extents hold {out.numel()} bytes, not {block_bytes}")
+    return out
+
+
 class WorkerSide:
     """Everything the worker-role connector does for one TP rank."""
 
@@ -147,6 +257,11 @@ class WorkerSide:
         self._invalid: Set[int] = set()
         self._loads_done: Dict[int, Dict[int, Tuple[int, bool]]] = {}
         self._saver: Optional[_Saver] = None
+        self._io_pool: Optional[ThreadPoolExecutor] = None
+        self._save_jobs: Dict[str, List[_SaveJob]] = {}   # by request: queued saves
+        self._step: Optional[_StepLoads] = None
+        self._overlap = False   # copies and checks run on a spare core, beside the forward
+        self.timings: Dict[str, float] = {}   # the last loads' phases (benchmarks read it)
 
     # ---- set-up
 
@@ -164,11 +279,21 @@ class WorkerSide:
         except LayoutMismatch as e:
             self.disable(f"the KV tensors do not match the layout derived from the config: {e}")
             return
+        self._overlap = bool(spare_cpus())
         if self.link is not None:
-            self._saver = _Saver(self.link, self.layout.block_bytes,
-                                 self.cfg.max_pending_save_bytes, self.counters)
+            # Connect from the I/O thread, so that the client's threads run where it does.
+            ready = self._io().submit(self._connect)
+            self._saver = _Saver(self.link, self.codec, self.cfg.max_pending_save_bytes,
+                                 self.counters, ready)
         log.info("kvkeeper: TP rank %d KV cache %s; namespace %s", self.rank,
                  self.codec.describe(), self.link.namespace if self.link else None)
+
+    def _connect(self) -> None:
+        assert self.link is not None
+        try:
+            self.link.call(lambda c: None, "connect")
+        except Exception as e:  # noqa: BLE001 - the link retries on its next use
+            log.debug("kvkeeper: first connection failed: %s", e)
 
     @property
     def usable(self) -> bool:
@@ -176,21 +301,94 @@ class WorkerSide:
 
     # ---- loads
 
+    def _io(self) -> ThreadPoolExecutor:
+        """The thread that makes this worker's RPCs and, with a spare core, its
+        copies and checks. Threads it starts (the gRPC client's loop) inherit
+        its CPUs."""
+        if self._io_pool is None:
+            self._io_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvkeeper-io",
+                                               initializer=use_spare_cpus)
+        return self._io_pool
+
     def start_load_kv(self, meta: Optional[KVKeeperConnectorMetadata]) -> None:
-        if meta is None:
+        self._settle()
+        if meta is None or not meta.loads:
             return
-        for spec in meta.loads:
+        loads = list(meta.loads)
+        if not self.usable:
+            for spec in loads:
+                self._finish_load(spec, 0, False)
+            return
+        self.timings = {}
+        t0 = time.perf_counter()
+        timeout = self._io_wait_s()
+        fut = self._io().submit(self._fetch_all, loads)
+        try:
+            fetched = fut.result(timeout=timeout)
+        except BaseException as e:
+            fut.cancel()
+            log.warning("kvkeeper: fetching %d load(s) failed: %s", len(loads), e)
+            for spec in loads:
+                self._finish_load(spec, 0, False)
+            if not isinstance(e, Exception):
+                raise
+            return
+        self.timings["fetch"] = time.perf_counter() - t0
+        if not fetched:
+            return
+        step = _StepLoads(fetched, self.codec.layer_names if self._overlap else ())
+        self._step = step
+        if self._overlap:
+            step.future = self._io().submit(self._copy_and_check, step)
+        else:
+            self._copy_and_check(step)
+            self._settle()
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        step = self._step
+        if step is None:
+            return
+        ev = step.layer_done.get(layer_name)
+        if ev is None or ev.is_set():
+            return
+        t = time.perf_counter()
+        if not ev.wait(self._io_wait_s()):
+            # Never expected (the copy is local memory); if it happens the
+            # layer's attention reads blocks still being written: fail them all.
+            step.abandoned = True
+            log.error("kvkeeper: layer %s was not loaded in time; its blocks are recomputed",
+                      layer_name)
+        self.timings["layer_wait"] = self.timings.get("layer_wait", 0.0) + time.perf_counter() - t
+
+    def _settle(self) -> None:
+        """Finish this step's direct loads: wait for their copies and checks and
+        report each one (vLLM reads the errors right after the forward)."""
+        step, self._step = self._step, None
+        if step is None:
+            return
+        if step.future is not None:
+            t = time.perf_counter()
             try:
-                good, corrupt = self._load(spec) if self.usable else (0, False)
-            except Exception as e:  # noqa: BLE001 - never into vLLM: recompute instead
-                log.warning("kvkeeper: loading %d block(s) of %s failed: %s", spec.num_blocks(),
-                            spec.req_id, e, exc_info=not isinstance(e, KVKeeperClientError))
-                good, corrupt = 0, False
-            self._finish_load(spec, good, corrupt)
+                step.future.result(timeout=self._io_wait_s())
+            except BaseException as e:  # noqa: BLE001 - timeout or a bug: recompute all
+                step.abandoned = True
+                log.error("kvkeeper: loading blocks did not finish cleanly (%s); they are "
+                          "recomputed", e or type(e).__name__)
+            self.timings["check_wait"] = time.perf_counter() - t
+        for f in step.fetched:
+            good = 0 if step.abandoned else f.good
+            self._finish_load(f.spec, good, bool(f.bad))
+
+    def _io_wait_s(self) -> float:
+        cfg = self.cfg
+        return (cfg.io_timeout_s * (cfg.max_retries + 1) + 1.0) if cfg is not None else 10.0
 
     def fail_loads(self, meta: Any) -> None:
         """Report every block of every load as failed (the last resort when
         start_load_kv itself broke)."""
+        step, self._step = self._step, None
+        if step is not None:
+            step.abandoned = True
         for spec in getattr(meta, "loads", None) or ():
             self._finish_load(spec, 0, False)
 
@@ -205,30 +403,130 @@ class WorkerSide:
             self.counters.inc("loaded_bytes", good * self.layout.block_bytes)
         self._loads_done.setdefault(spec.load_id, {})[self.rank] = (good, corrupt)
 
-    def _load(self, spec: LoadSpec) -> Tuple[int, bool]:
-        """Load spec's blocks; (leading blocks now in the KV cache, found corrupt)."""
+    # -- on the I/O thread
+
+    def _fetch_all(self, loads: Sequence[LoadSpec]) -> List["_Fetched"]:
+        """Match every load under a lease; the ones that can be copied from the
+        arena come back, the others are done (streamed, or failed) here."""
+        out: List[_Fetched] = []
+        for spec in loads:
+            try:
+                f = self._fetch(spec)
+            except Exception as e:  # noqa: BLE001 - never into vLLM: recompute instead
+                log.warning("kvkeeper: loading %d block(s) of %s failed: %s", spec.num_blocks(),
+                            spec.req_id, e, exc_info=not isinstance(e, KVKeeperClientError))
+                self._finish_load(spec, 0, False)
+                continue
+            if f is not None:
+                out.append(f)
+        return out
+
+    def _fetch(self, spec: LoadSpec) -> Optional["_Fetched"]:
         assert self.link is not None and self.codec is not None
         keys = list(spec.keys[self.rank]) if self.rank < len(spec.keys) else []
         n = spec.num_blocks()
         if not keys or len(keys) != n:
-            return 0, False
-        res = self.link.call(lambda c: c.match(keys, lease=True), "load")
+            self._finish_load(spec, 0, False)
+            return None
+        res = self.link.call(lambda c: c.match(keys, lease=True, blocks=True), "load")
         if not res.matched or not res.lease_id:
-            return 0, False
-        corrupt = False
+            self._finish_load(spec, 0, False)
+            return None
+        m = min(res.matched, n)
         try:
-            rows = self.codec.new_rows(res.matched)
+            views = None
+            if len(res.blocks) >= m:
+                views = self.link.call(lambda c: c.arena_views(res.blocks[:m]), "load")
+            if views is None:
+                good, corrupt = self._load_staged(spec, res.lease_id, res.matched, m)
+                self._finish_load(spec, good, corrupt)
+                return None
+            sources = [_whole_block(v, self.codec.block_bytes) for v in views]
+        except BaseException:
+            if self.releaser is not None:
+                self.releaser.release(res.lease_id)
+            raise
+        sums = [(b.checksum_algo, b.checksum) for b in res.blocks[:m]]
+        return _Fetched(spec, res.lease_id, m, sources, sums)
+
+    def _copy_and_check(self, step: "_StepLoads") -> None:
+        """Copy every fetched block in, layer by layer, then check them."""
+        codec = self.codec
+        assert codec is not None
+        t0 = time.perf_counter()
+        try:
+            for i, name in enumerate(codec.layer_names):
+                for f in step.fetched:
+                    if f.sources:
+                        codec.copy_layer_in(i, f.spec.block_ids[:f.n], f.sources)
+                ev = step.layer_done.get(name)
+                if ev is not None:
+                    ev.set()
+        except Exception as e:  # noqa: BLE001
+            log.warning("kvkeeper: copying loaded blocks into the KV cache failed: %s", e,
+                        exc_info=True)
+            step.abandoned = True
+        finally:
+            for ev in step.layer_done.values():
+                ev.set()
+            for f in step.fetched:
+                f.sources = None   # drop the arena views before the lease goes
+        t1 = time.perf_counter()
+        self.timings["copy"] = t1 - t0
+        for f in step.fetched:
+            if not step.abandoned:
+                try:
+                    self._check(f)
+                except Exception as e:  # noqa: BLE001
+                    log.warning("kvkeeper: checking loaded blocks of %s failed: %s",
+                                f.spec.req_id, e, exc_info=True)
+                    f.good = 0
+            if self.releaser is not None:
+                self.releaser.release(f.lease_id, discard_indices=f.bad)
+        self.timings["check"] = time.perf_counter() - t1
+
+    def _check(self, f: "_Fetched") -> None:
+        """Checksum the blocks as they are in the KV cache; f.good = leading good ones."""
+        codec = self.codec
+        assert codec is not None
+        if self.cfg is None or self.cfg.checksum == "none":
+            f.good = f.n
+            return
+        bad: List[int] = []
+        for i in range(f.n):
+            algo, want = f.sums[i]
+            fn = ALGOS.get(algo)
+            if fn is None:   # stored without a checksum (or one this process lacks)
+                continue
+            have = codec.block_checksum(f.spec.block_ids[i], fn, algo == pb.CHECKSUM_CRC32)
+            if have != want:
+                bad.append(i)
+        f.bad = bad
+        f.good = bad[0] if bad else f.n
+        if bad:
+            self.counters.inc("checksum_errors", len(bad))
+            log.warning("kvkeeper: %d block(s) of %s failed their checksum; they are dropped "
+                        "from the daemon and recomputed", len(bad), f.spec.req_id)
+
+    def _load_staged(self, spec: LoadSpec, lease_id: int, matched: int,
+                     n: int) -> Tuple[int, bool]:
+        """Stream the lease into a staging tensor (checked by the client), copy
+        it in; (leading blocks now in the KV cache, found corrupt)."""
+        assert self.link is not None and self.codec is not None
+        bad: List[int] = []
+        try:
+            rows = self.codec.new_rows(matched)
             arr = rows.numpy()
-            bufs = [arr[i] for i in range(res.matched)]
-            good = min(res.matched, n)
+            bufs = [arr[i] for i in range(matched)]
+            good = n
             try:
-                self.link.call(lambda c: c.load_into(res.lease_id, bufs), "load")
+                self.link.call(lambda c: c.load_into(lease_id, bufs), "load")
             except ChecksumError as e:
-                corrupt = True
-                self.counters.inc("checksum_errors", len(e.bad_indices))
-                good = min([good] + list(e.bad_indices))
+                bad = sorted(e.bad_indices)
+                self.counters.inc("checksum_errors", len(bad))
+                good = min([good] + bad)
                 log.warning("kvkeeper: %d block(s) of %s failed their checksum; they are dropped "
-                            "from the daemon and recomputed", len(e.bad_indices), spec.req_id)
+                            "from the daemon and recomputed", len(bad), spec.req_id)
             try:
                 self.codec.scatter(spec.block_ids[:good], rows[:good])
             except Exception:
@@ -236,14 +534,16 @@ class WorkerSide:
                 raise
         finally:
             if self.releaser is not None:
-                self.releaser.release(res.lease_id, discard=corrupt)
-        return good, corrupt
+                self.releaser.release(lease_id, discard_indices=bad)
+        return good, bool(bad)
 
     def take_load_errors(self) -> Set[int]:
+        self._settle()
         out, self._invalid = self._invalid, set()
         return out
 
     def build_worker_meta(self) -> Optional[KVKeeperWorkerMetadata]:
+        self._settle()
         disabled: Dict[int, str] = {}
         if self.disabled and not self._disabled_reported:
             disabled[self.rank] = self.disabled
@@ -256,33 +556,46 @@ class WorkerSide:
     # ---- saves
 
     def wait_for_save(self, meta: Optional[KVKeeperConnectorMetadata]) -> None:
+        """Queue this step's saves; the save thread copies them out of the KV
+        cache. vLLM keeps their blocks until copy_out_for() says they are out."""
         if meta is None or not meta.saves:
             return
+        # Jobs copied out already no longer pin anything: forget them.
+        for rid in [r for r, jobs in self._save_jobs.items() if all(j.copied for j in jobs)]:
+            del self._save_jobs[rid]
         if not self.usable or self._saver is None:
             return
         for spec in meta.saves:
-            self._stage(spec)
+            self._queue_save(spec)
 
-    def _stage(self, spec: SaveSpec) -> None:
-        assert self.codec is not None and self._saver is not None
+    def _queue_save(self, spec: SaveSpec) -> None:
+        assert self.codec is not None and self._saver is not None and self.layout is not None
         keys = spec.keys[self.rank] if self.rank < len(spec.keys) else ()
         n = spec.num_blocks()
         if not n or len(keys) != n:
             return
-        nbytes = n * self.layout.block_bytes
-        if not self._saver.admit(nbytes):
+        if not self._saver.admit(n * self.layout.block_bytes):
             self.counters.inc("save_dropped_blocks", n)
             return
-        try:
-            rows = self.codec.new_rows(n)
-            self.codec.gather(spec.block_ids, rows)
-        except Exception as e:  # noqa: BLE001
-            self._saver.cancel(nbytes)
-            log.warning("kvkeeper: copying %d block(s) of %s out of the KV cache failed: %s",
-                        n, spec.req_id, e)
-            self.counters.inc("save_errors")
+        job = _SaveJob(spec.req_id, keys, spec.block_ids)
+        self._save_jobs.setdefault(spec.req_id, []).append(job)
+        self._saver.submit(job)
+
+    def copy_out_for(self, req_ids: Set[str]) -> None:
+        """Return once no queued save of req_ids still reads their blocks in
+        the KV cache (copying what the save thread has not reached yet here):
+        vLLM is about to free or rewrite them."""
+        if not req_ids or self.codec is None:
             return
-        self._saver.submit(keys, rows)
+        t = time.perf_counter()
+        for rid in req_ids:
+            for job in self._save_jobs.pop(rid, ()):
+                job.copy_out(self.codec, self.counters)
+        self.timings["copy_out_wait"] = time.perf_counter() - t
+
+    def saves_pinning(self) -> int:
+        """Queued saves whose blocks are not copied out yet (tests)."""
+        return sum(1 for jobs in self._save_jobs.values() for j in jobs if not j.copied)
 
     def flush(self, timeout: float) -> bool:
         """Wait until staged saves and queued releases are sent (tests, shutdown)."""
@@ -297,6 +610,13 @@ class WorkerSide:
         return self.counters.take()
 
     def shutdown(self, timeout: float = 5.0) -> None:
+        try:
+            self._settle()
+            self.copy_out_for(set(self._save_jobs))
+        except Exception as e:  # noqa: BLE001
+            log.debug("kvkeeper: settling loads at shutdown failed: %s", e)
+        if self._io_pool is not None:
+            self._io_pool.shutdown(wait=False, cancel_futures=True)
         if self._saver is not None:
             self._saver.close(timeout)
         if self.releaser is not None:

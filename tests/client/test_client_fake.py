@@ -364,3 +364,54 @@ def test_blocking_client_from_threads(fake_daemon):
     c.close()
     with pytest.raises(RuntimeError):
         c.stats()
+
+
+async def test_match_blocks_from_a_daemon_that_ignores_them(fake_daemon):
+    # The fake predates MatchRequest.blocks: a shm client then asks Load itself.
+    keys, blocks = [key(i) for i in range(3)], [block(i) for i in range(3)]
+    async with await AsyncClient.connect(fake_daemon.url, NS, transport=fake_daemon.transport) as c:
+        await c.save(keys, blocks)
+        m = await c.match(keys, lease=True, blocks=True)
+        assert m.matched == 3 and m.lease_id
+        views = c.arena_views(m.blocks)
+        if fake_daemon.transport == "shm":
+            assert [r.key for r in m.blocks] == keys
+            assert [b"".join(vs) for vs in views] == blocks
+        else:
+            assert m.blocks == [] and views is None
+        await c.release(m.lease_id)
+
+
+class WrongRefs(FakeDaemon):
+    """Answers Match(blocks) with one ref too few."""
+
+    async def Match(self, request, context):
+        resp = await super().Match(request, context)
+        if request.blocks and resp.lease_id:
+            resp.blocks.add(key=request.keys[0], extents=self._extents())
+        return resp
+
+
+async def test_match_blocks_mismatch_releases_the_lease(tmp_path):
+    d = Running(WrongRefs(arena_path=tmp_path / "arena"))
+    try:
+        async with await AsyncClient.connect(d.url, NS) as c:
+            await c.save([key(1), key(2)], [block(1), block(2)])
+            with pytest.raises(KVKeeperClientError, match="2 blocks came with 1 block refs"):
+                await c.match([key(1), key(2)], lease=True, blocks=True)
+            assert d.fake.leases == {} and len(d.fake.released) == 1
+    finally:
+        d.stop()
+
+
+def test_blocking_client_match_blocks(fake_daemon):
+    with Client.connect(fake_daemon.url, NS, transport=fake_daemon.transport) as c:
+        c.save([key(7)], [block(7)])
+        m = c.match([key(7)], lease=True, blocks=True)
+        views = c.arena_views(m.blocks)
+        assert (views is None) == (fake_daemon.transport == "stream")
+        if views is not None:
+            assert b"".join(views[0]) == block(7)
+        with pytest.raises(ValueError, match="lease=True"):
+            c.match([key(7)], blocks=True)
+        c.release(m.lease_id)

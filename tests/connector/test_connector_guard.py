@@ -143,3 +143,40 @@ def test_exceptions_in_hooks_become_safe_answers(caplog: pytest.LogCaptureFixtur
         loads=[LoadSpec("r", ((b"k" * 32,),), (5,), load_id=10)]))
     w.start_load_kv(None)
     assert w.get_block_ids_with_load_errors() == {5}
+
+
+@vllm_only
+def test_a_request_that_saved_keeps_its_blocks_until_the_workers_answer() -> None:
+    """request_finished returns True for a request with saves; the next step's
+    metadata names it; the worker answers it in get_finished that very step,
+    even a worker whose side is disabled (vLLM would keep the blocks forever)."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    from kvkeeper.connector import KVKeeperConnector
+    from kvkeeper.connector.metadata import KVKeeperConnectorMetadata, SaveSpec
+
+    vc, kvc = fake_vllm_config({"kvkeeper_url": "unix:///nowhere.sock"})
+    s = KVKeeperConnector(vc, KVConnectorRole.SCHEDULER, kvc)
+    planned = KVKeeperConnectorMetadata(saves=[SaveSpec("r", ((b"k" * 32,),), (3,))])
+    s._build_meta = lambda so: planned
+    so = SimpleNamespace(preempted_req_ids={"p"})
+    meta1 = s.build_connector_meta(so)
+    assert meta1.preempted == {"p"} and meta1.free_after_save == set()
+    s._build_meta = lambda so: KVKeeperConnectorMetadata()
+    other = request([])
+    other.request_id = "q"
+    assert s.request_finished(other, [])[0] is False, "no saves: freed at once"
+    assert s.request_finished(request([]), [])[0] is True
+    meta2 = s.build_connector_meta(SimpleNamespace(preempted_req_ids=None))
+    assert meta2.free_after_save == {"r"} and meta2.preempted == set()
+    assert s.build_connector_meta(SimpleNamespace()).free_after_save == set(), "named once"
+    s.shutdown()
+
+    vc, kvc = fake_vllm_config({})  # no url: a disabled worker still answers
+    w = KVKeeperConnector(vc, KVConnectorRole.WORKER, kvc)
+    w.bind_connector_metadata(meta2)
+    w.handle_preemptions(meta2)
+    assert w.get_finished({"r"}) == ({"r"}, None)
+    w.clear_connector_metadata()
+    w.bind_connector_metadata(KVKeeperConnectorMetadata())
+    assert w.get_finished(set()) == (None, None)

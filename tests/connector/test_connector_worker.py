@@ -53,6 +53,18 @@ def daemon() -> Iterator[DaemonProcess]:
     shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.fixture(params=["inline", "beside"])
+def placement(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """inline: no spare core, loads are copied and checked before start_load_kv
+    returns. beside: as in a CPU worker with a reserved core: copies and
+    checks run on the I/O thread while wait_for_layer_load paces the layers."""
+    import kvkeeper.connector.worker as worker_mod
+
+    cpus = frozenset({0}) if request.param == "beside" else frozenset()
+    monkeypatch.setattr(worker_mod, "spare_cpus", lambda: cpus)
+    return request.param
+
+
 def worker(url: str, kv: Dict[str, torch.Tensor], transport: str = "auto", **cfg):
     c = ConnectorConfig(url=url, reconnect_min_s=0.2, reconnect_max_s=0.5, **cfg)
     link = DaemonLink(url, namespace(), instance_id="worker-test", timeout=2.0,
@@ -77,12 +89,16 @@ def load(w, ks, block_ids, load_id: int = 1):
     meta = KVKeeperConnectorMetadata(loads=[LoadSpec("r", (tuple(ks),), tuple(block_ids),
                                                                load_id=load_id)])
     w.start_load_kv(meta)
+    for name in ("l0", "l1"):   # as the attention layers do, in order
+        w.wait_for_layer_load(name)
+    errors = w.take_load_errors()
     w.flush(10.0)
-    return w.take_load_errors(), w.build_worker_meta()
+    return errors, w.build_worker_meta()
 
 
 @pytest.mark.parametrize("transport", ["auto", "stream"])
-def test_saved_blocks_load_into_other_block_ids(daemon: DaemonProcess, transport: str) -> None:
+def test_saved_blocks_load_into_other_block_ids(daemon: DaemonProcess, transport: str,
+                                               placement: str) -> None:
     """auto: shared memory (same host); stream: the bytes travel over gRPC."""
     src, dst = tensors(1), tensors(2)
     a, b = worker(daemon.url, src, transport), worker(daemon.url, dst, transport)
@@ -107,7 +123,8 @@ def test_saved_blocks_load_into_other_block_ids(daemon: DaemonProcess, transport
         b.shutdown()
 
 
-def test_missing_blocks_are_reported_from_the_first_gap(daemon: DaemonProcess) -> None:
+def test_missing_blocks_are_reported_from_the_first_gap(daemon: DaemonProcess,
+                                                        placement: str) -> None:
     src, dst = tensors(1), tensors(2)
     before = {n: t.clone() for n, t in dst.items()}
     a, b = worker(daemon.url, src), worker(daemon.url, dst)
@@ -122,7 +139,7 @@ def test_missing_blocks_are_reported_from_the_first_gap(daemon: DaemonProcess) -
         b.shutdown()
 
 
-def test_a_corrupt_block_is_reported_and_dropped(daemon: DaemonProcess) -> None:
+def test_a_corrupt_block_is_reported_and_dropped(daemon: DaemonProcess, placement: str) -> None:
     src, dst = tensors(1), tensors(2)
     a, b = worker(daemon.url, src), worker(daemon.url, dst)
     try:
@@ -133,9 +150,10 @@ def test_a_corrupt_block_is_reported_and_dropped(daemon: DaemonProcess) -> None:
         assert errors == {4, 5}, "the corrupt block and every block after it"
         assert wm.loads_done == {1: {0: (1, True)}}
         assert b.take_stats().data["checksum_errors"] == 1
-        # the worker released with discard and nobody else holds it: dropped
+        # the worker released with discard_indices=[1] and nobody else holds
+        # it: that block alone is dropped
         m = a.link.call(lambda c: c.match(list(ks)), "lookup")
-        assert m.matched == 0
+        assert m.matched == 1
     finally:
         a.shutdown()
         b.shutdown()
@@ -174,3 +192,47 @@ def test_layout_mismatch_disables_but_still_answers_for_loads(daemon: DaemonProc
         assert daemon.stats().tiers[0].blocks == 0
     finally:
         w.shutdown()
+
+
+def test_queued_saves_are_copied_out_before_vllm_reuses_their_blocks(
+        daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The save thread is stuck sending an earlier save; copy_out_for (vLLM is
+    about to free or rewrite a request's blocks) copies that request's queued
+    blocks itself, so what is stored is what the blocks held at save time."""
+    import threading
+
+    import kvkeeper.connector.worker as worker_mod
+
+    src, dst = tensors(1), tensors(2)
+    original = {n: t.clone() for n, t in src.items()}
+    a, b = worker(daemon.url, src), worker(daemon.url, dst)
+    gate, sending = threading.Event(), threading.Event()
+    real_send = worker_mod._Saver._send
+
+    def slow_send(self, keys, rows):
+        sending.set()
+        assert gate.wait(20.0)
+        return real_send(self, keys, rows)
+
+    monkeypatch.setattr(worker_mod._Saver, "_send", slow_send)
+    try:
+        k1, k2 = keys(1, salt=7), keys(2, salt=8)
+        a.wait_for_save(KVKeeperConnectorMetadata(saves=[
+            SaveSpec("r1", (tuple(k1),), (0,)), SaveSpec("r2", (tuple(k2),), (5, 6))]))
+        assert sending.wait(10.0)
+        assert a.saves_pinning() == 1, "r2 is queued behind r1's send, not copied yet"
+        a.copy_out_for({"r2"})
+        assert a.saves_pinning() == 0
+        for t in src.values():   # vLLM reuses the blocks
+            t.zero_()
+        gate.set()
+        assert a.flush(10.0)
+        errors, _ = load(b, k2, [1, 2])
+        assert errors == set()
+        for name in ("l0", "l1"):
+            assert torch.equal(dst[name][1], original[name][5])
+            assert torch.equal(dst[name][2], original[name][6])
+    finally:
+        gate.set()
+        a.shutdown()
+        b.shutdown()

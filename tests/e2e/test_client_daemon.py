@@ -1,13 +1,15 @@
 """The client library against a real daemon: both data paths, checksums, leases."""
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
 import numpy as np
 import pytest
 
-from kvkeeper.client import AsyncClient, ChecksumError, FailedPreconditionError
+from kvkeeper.client import (AsyncClient, ChecksumError, Client, FailedPreconditionError,
+                             KVKeeperClientError)
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 BLOCK = 3 * 4096 + 100
@@ -141,3 +143,72 @@ async def test_metrics_follow_traffic(daemon: Any) -> None:
     finally:
         await c.close()
     assert os.path.exists(daemon.arena.path)
+
+
+async def test_match_with_blocks_gives_zero_copy_views(daemon: Any) -> None:
+    url = f"unix://{daemon.socket_path}"
+    w = await AsyncClient.connect(url, ns(), transport="stream")
+    c = await AsyncClient.connect(url, ns(), transport="shm")
+    try:
+        ks, bs = keys(3), blocks(3)
+        await w.save(ks, bs)
+        with pytest.raises(ValueError, match="lease=True"):
+            await c.match(ks, blocks=True)
+        assert not daemon.ledger.leases
+        m = await c.match(ks + keys(1, salt=7), lease=True, blocks=True)
+        assert m.matched == 3 and m.lease_id and [r.key for r in m.blocks] == ks
+        views = c.arena_views(m.blocks)
+        assert views is not None and len(views) == 3
+        assert [b"".join(vs) for vs in views] == bs
+        assert all(v.readonly for vs in views for v in vs)
+        # The refs are what Load hands out: load_into through them agrees.
+        outs = [bytearray(BLOCK) for _ in range(3)]
+        await c.load_into(m.lease_id, outs)
+        assert [bytes(o) for o in outs] == bs
+        await c.release(m.lease_id)
+        assert (await c.match(ks, lease=True)).blocks == []  # not asked for
+        daemon.ledger.check_invariants()
+
+        # A streaming client does not ask for refs it could not use: no views, load_into streams.
+        m = await w.match(ks, lease=True, blocks=True)
+        assert m.matched == 3 and m.blocks == []
+        assert w.arena_views(m.blocks) is None
+        ref = pb.BlockRef(key=ks[0], extents=[pb.Extent(offset=4096, length=BLOCK)])
+        assert w.arena_views([ref]) is None
+        await w.release(m.lease_id)
+    finally:
+        await w.close()
+        await c.close()
+
+
+async def test_arena_views_check_the_refs_and_outlive_close(daemon: Any) -> None:
+    c = await AsyncClient.connect(f"unix://{daemon.socket_path}", ns(), transport="shm")
+    await c.save(keys(1), blocks(1))
+    m = await c.match(keys(1), lease=True, blocks=True)
+    short = pb.BlockRef(key=keys(1)[0], extents=[pb.Extent(offset=4096, length=BLOCK - 1)])
+    with pytest.raises(KVKeeperClientError, match="spans"):
+        c.arena_views([short])
+    outside = pb.BlockRef(key=keys(1)[0], extents=[pb.Extent(offset=0, length=BLOCK)])
+    with pytest.raises(KVKeeperClientError, match="outside the arena"):
+        c.arena_views([outside])
+    [views] = c.arena_views(m.blocks)
+    await c.close()
+    assert c.arena_views(m.blocks) is None
+    # Still mapped while the views live (the daemon released the lease with the session,
+    # but nothing reused the pages yet).
+    assert b"".join(views) == blocks(1)[0]
+
+
+async def test_blocking_client_match_with_blocks(daemon: Any) -> None:
+    def run() -> None:  # in a thread: the daemon serves on this test's event loop
+        with Client.connect(f"unix://{daemon.socket_path}", ns(), transport="shm") as c:
+            ks, bs = keys(2, salt=3), blocks(2, seed=3)
+            c.save(ks, bs)
+            m = c.match(ks, lease=True, blocks=True)
+            views = c.arena_views(m.blocks)
+            assert views is not None and [b"".join(vs) for vs in views] == bs
+            with pytest.raises(ValueError, match="lease=True"):
+                c.match(ks, blocks=True)
+            c.release(m.lease_id)
+
+    await asyncio.to_thread(run)

@@ -341,3 +341,32 @@ async def test_a_really_full_filesystem(daemon_factory: Any) -> None:
     finally:
         subprocess.run(["umount", mnt], capture_output=True)
         os.rmdir(mnt)
+
+
+async def test_match_with_blocks_promotes_disk_hits_into_the_arena(daemon_factory: Any,
+                                                                   disk_dir: str) -> None:
+    a = await daemon_factory(**disk_cfg(disk_dir))
+    c = await connect(a)
+    ks, bs = keys(4, salt=5), blocks(4, seed=5)
+    await c.save(ks, bs)
+    await c.close()
+    await a.stop(0)
+
+    b = await daemon_factory(**disk_cfg(disk_dir))
+    assert b.ledger.top.blocks == 0  # only on disk
+    c = await connect(b, transport="shm")
+    await c.save(ks[:1], bs[:1])  # the head in the arena, the rest on disk
+    m = await c.match(ks, lease=True, blocks=True)
+    assert m.matched == 4 and m.tiers == [pb.TIER_HOST] + [pb.TIER_DISK] * 3
+    assert [r.key for r in m.blocks] == ks
+    # The refs point into the arena: the promoted copies, pinned by the lease.
+    views = c.arena_views(m.blocks)
+    assert views is not None and [b"".join(vs) for vs in views] == bs
+    assert all(blk.tier is b.ledger.top for blk in b.ledger.leases[m.lease_id].blocks)
+    outs = [bytearray(BLOCK) for _ in range(4)]
+    await c.load_into(m.lease_id, outs)  # verifies the checksums given at the first save
+    assert [bytes(o) for o in outs] == bs
+    await c.release(m.lease_id)
+    b.ledger.check_invariants()
+    b.disk.index.check_invariants()
+    await c.close()

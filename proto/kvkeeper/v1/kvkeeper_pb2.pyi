@@ -132,24 +132,28 @@ class CloseSessionResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class MatchRequest(_message.Message):
-    __slots__ = ("session_id", "keys", "lease")
+    __slots__ = ("session_id", "keys", "lease", "blocks")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     lease: bool
-    def __init__(self, session_id: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease: _Optional[bool] = ...) -> None: ...
+    blocks: bool
+    def __init__(self, session_id: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease: _Optional[bool] = ..., blocks: _Optional[bool] = ...) -> None: ...
 
 class MatchResponse(_message.Message):
-    __slots__ = ("matched", "tiers", "lease_id")
+    __slots__ = ("matched", "tiers", "lease_id", "blocks")
     MATCHED_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
     matched: int
     tiers: _containers.RepeatedScalarFieldContainer[Tier]
     lease_id: int
-    def __init__(self, matched: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., lease_id: _Optional[int] = ...) -> None: ...
+    blocks: _containers.RepeatedCompositeFieldContainer[BlockRef]
+    def __init__(self, matched: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., lease_id: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[BlockRef, _Mapping]]] = ...) -> None: ...
 
 class Extent(_message.Message):
     __slots__ = ("offset", "length")
