@@ -9,6 +9,7 @@
 |---|---|---|
 | kvkeeper_url | $KVKEEPER_URL | the daemon: unix:///path, unix:path, host:port |
 | kvkeeper_lookup_timeout_s | 1.0 | deadline of a scheduler lookup (Match); a slower daemon is a miss |
+| kvkeeper_lookup_wait_s | 0.005 | longest wait for lookup answers per scheduling step, all requests together; a request still unanswered is skipped and asked again next step (0: never wait) |
 | kvkeeper_io_timeout_s | 5.0 | deadline of each load / save RPC |
 | kvkeeper_max_retries | 1 | retries of an idempotent RPC on UNAVAILABLE |
 | kvkeeper_reconnect_min_s / _max_s | 0.5 / 10 | backoff between attempts to reach a daemon that failed |
@@ -45,6 +46,13 @@ def _bool(v: Any, key: str) -> bool:
     raise ValueError(f"{key} must be a boolean, got {v!r}")
 
 
+def _nonneg(v: Any, key: str) -> float:
+    f = float(v)
+    if not f >= 0:
+        raise ValueError(f"{key} must be >= 0, got {v!r}")
+    return f
+
+
 def _pos(v: Any, key: str) -> float:
     f = float(v)
     if not f > 0:
@@ -56,6 +64,7 @@ def _pos(v: Any, key: str) -> float:
 class ConnectorConfig:
     url: str
     lookup_timeout_s: float = 1.0
+    lookup_wait_s: float = 0.005
     io_timeout_s: float = 5.0
     max_retries: int = 1
     reconnect_min_s: float = 0.5
@@ -102,6 +111,8 @@ class ConnectorConfig:
             url=url,
             lookup_timeout_s=_pos(extra.get("kvkeeper_lookup_timeout_s", 1.0),
                                   "kvkeeper_lookup_timeout_s"),
+            lookup_wait_s=_nonneg(extra.get("kvkeeper_lookup_wait_s", 0.005),
+                                  "kvkeeper_lookup_wait_s"),
             io_timeout_s=_pos(extra.get("kvkeeper_io_timeout_s", 5.0), "kvkeeper_io_timeout_s"),
             max_retries=retries,
             reconnect_min_s=rmin,
@@ -120,7 +131,8 @@ class ConnectorConfig:
         )
 
 
-_KEYS = {"kvkeeper_url", "kvkeeper_lookup_timeout_s", "kvkeeper_io_timeout_s",
+_KEYS = {"kvkeeper_url", "kvkeeper_lookup_timeout_s", "kvkeeper_lookup_wait_s",
+         "kvkeeper_io_timeout_s",
          "kvkeeper_max_retries", "kvkeeper_reconnect_min_s", "kvkeeper_reconnect_max_s",
          "kvkeeper_transport", "kvkeeper_checksum", "kvkeeper_model_id",
          "kvkeeper_model_revision", "kvkeeper_max_pending_save_mib",

@@ -24,7 +24,7 @@ from typing import Any, List, Mapping, Optional, Sequence
 
 __all__ = [
     "KEY_BYTES", "NAMESPACE_FIELDS", "namespace_seed", "block_tokens_bytes", "chain_keys",
-    "KeyChain", "full_blocks", "matchable_blocks",
+    "KeyChain", "full_blocks", "matchable_blocks", "hit_tokens",
 ]
 
 KEY_BYTES = 32
@@ -98,13 +98,22 @@ def full_blocks(num_tokens: int, block_tokens: int) -> int:
 
 
 def matchable_blocks(num_tokens: int, block_tokens: int) -> int:
-    """Blocks a lookup may report as hits for a sequence of num_tokens tokens.
+    """Blocks a lookup may match and load for a sequence of num_tokens tokens:
+    every full block, the one holding the last token included (see hit_tokens)."""
+    return full_blocks(num_tokens, block_tokens)
+
+
+def hit_tokens(num_tokens: int, matched_blocks: int, block_tokens: int) -> int:
+    """Tokens a hit of the leading matched_blocks blocks may report to vLLM.
 
     vLLM must compute at least the last token itself (to sample the next
-    one), so a hit never covers all of them: (num_tokens - 1) rounded down
-    to a block boundary.
+    one), so a hit never covers all of them: at most num_tokens - 1. When
+    the block holding the last token is matched too it is loaded whole, and
+    vLLM computes only that token, not the whole last block: it writes that
+    token's KV over the loaded copy (the same values up to floating-point
+    rounding: a one-token forward need not reproduce a long prefill's bits).
     """
-    return max(0, num_tokens - 1) // block_tokens
+    return max(0, min(matched_blocks * block_tokens, num_tokens - 1))
 
 
 class KeyChain:

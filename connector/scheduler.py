@@ -2,23 +2,38 @@
 
 Timeline of one request (see the seed notes on UCM's, which this follows):
 
-1. get_num_new_matched_tokens: the keys of the prompt's full blocks beyond
-   what vLLM has locally are looked up with Match(lease=True): the hit is
-   pinned in the daemon until the load is done. At most
-   (num_tokens - 1) rounded down to a block boundary is ever reported, so
-   vLLM always computes the last token. Any failure is a miss, counted.
-2. update_state_after_alloc: the vLLM block ids that receive the hit are
+1. on_new_request (vLLM adds the request, before scheduling it): the keys of
+   the prompt's full blocks, from block 0, are looked up with
+   Match(lease=True) on each TP rank's link thread (DaemonLink.submit): the
+   hit is pinned in the daemon until the load is done, and the scheduler
+   thread never waits for the daemon.
+2. get_num_new_matched_tokens: the answer is used if it is there, after
+   waiting at most kvkeeper_lookup_wait_s (in all, per scheduling step);
+   else the answer is "pending" (None): vLLM skips the request this step and
+   asks again on the next. A lookup not answered within
+   kvkeeper_lookup_timeout_s, or failed, is a miss, counted. The hit reported
+   is what the daemon holds beyond vLLM's own prefix-cache hit, and at most
+   num_tokens - 1 tokens: when the block holding the last token is held too
+   it is loaded whole and vLLM computes only that token, writing its KV over
+   the loaded copy during the forward (equal up to rounding, not always
+   bit for bit).
+3. update_state_after_alloc: the vLLM block ids that receive the hit are
    recorded as a LoadSpec.
-3. build_connector_meta: the step's LoadSpecs, and a SaveSpec for every full
+4. build_connector_meta: the step's LoadSpecs, and a SaveSpec for every full
    block the step computes (prefill chunks and blocks filled by decoding)
-   that is not known to be in the daemon yet.
-4. update_connector_output: the workers report each load done (and whether
+   that is not known to be in the daemon yet (loaded blocks are).
+5. update_connector_output: the workers report each load done (and whether
    a block was corrupt); the lease is released then (with discard=True for a
    corrupt block, so the daemon drops it).
-5. request_finished: whatever lease is still held is released (abort,
-   preemption, a load never reported). Saves never delay the free: workers
-   copy a step's blocks out of the KV cache before the step ends (see
-   worker.py), so vLLM may reuse them as soon as the request is done.
+6. request_finished: whatever lease is still held is released (abort,
+   preemption, a load never reported), and a lookup still pending releases
+   its lease when it lands. Saves never delay the free: workers copy a step's
+   blocks out of the KV cache before the step ends (see worker.py), so vLLM
+   may reuse them as soon as the request is done.
+
+A request asked again after its answer was used (not scheduled for lack of
+space, or resumed after preemption) drops its lease and is looked up again;
+a lookup still pending is never started twice.
 
 The scheduler and the workers run in different processes (even at TP=1 on
 vLLM's multiprocess executor) and a lease belongs to the session that took
@@ -27,12 +42,15 @@ the scheduler's lease guarantees the blocks are still there when it does.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import logging
+import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from .config import ConnectorConfig
-from .keys import KeyChain, matchable_blocks, namespace_seed
+from .keys import KeyChain, hit_tokens, matchable_blocks, namespace_seed
 from .layout import KVLayout
 from .link import DaemonLink, LinkDown
 from .metadata import KVKeeperConnectorMetadata, KVKeeperWorkerMetadata, LoadSpec, SaveSpec
@@ -65,8 +83,20 @@ def request_seed_inputs(request: Any) -> Tuple[Optional[str], Optional[str], Lis
 @dataclass
 class _Lease:
     ids: List[Optional[int]]   # per TP rank; None where that rank matched nothing
-    start: int                 # first block (index in the request) the lease covers
-    blocks: int                # leading blocks matched on every rank
+    start: int                 # first block (index in the request) to load; the
+    #                            lease itself covers blocks from 0 on
+    blocks: int                # blocks from `start` on matched on every rank
+    computed: int = 0          # tokens vLLM had already (the hit is counted after them)
+
+
+@dataclass
+class _Lookup:
+    futures: List[Future[Any]]   # per TP rank: MatchResult of Match(keys[0:limit], lease)
+    limit: int                     # blocks looked up, from block 0
+    deadline: float                # a miss if not answered by then
+
+    def done(self) -> bool:
+        return all(f.done() for f in self.futures)
 
 
 @dataclass
@@ -75,6 +105,7 @@ class _Req:
     chains: List[KeyChain]
     cacheable: bool
     lease: Optional[_Lease] = None
+    lookup: Optional[_Lookup] = None     # in flight, its answer not used yet
     saved_blocks: Optional[int] = None   # leading blocks stored or planned; None: unknown yet
     hit_tokens: int = 0
     saved_total: int = 0
@@ -86,7 +117,9 @@ class SchedulerSide:
 
     def __init__(self, cfg: ConnectorConfig, layout: KVLayout, namespaces: Sequence[Dict[str, Any]],
                  links: Sequence[DaemonLink], counters: Optional[Counters] = None,
-                 releasers: Optional[Sequence[Releaser]] = None) -> None:
+                 releasers: Optional[Sequence[Releaser]] = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 wait: Optional[Callable[[Sequence[Future[Any]], float], Any]] = None) -> None:
         if len(namespaces) != len(links) or not links:
             raise ValueError("one namespace and one link per TP rank")
         self.cfg = cfg
@@ -101,6 +134,10 @@ class SchedulerSide:
         self._inflight: Dict[int, Tuple[str, _Lease]] = {}   # load id -> (req id, lease)
         self._next_load_id = 1
         self.loads_disabled: Optional[str] = None   # set when a worker cannot load
+        self._clock = clock
+        # wait(futures, timeout): returns when all are done or timeout seconds passed
+        self._wait = wait or _wait_all
+        self._wait_left = cfg.lookup_wait_s   # of this scheduling step
 
     # ---- per-request state
 
@@ -108,6 +145,9 @@ class SchedulerSide:
         rid = request.request_id
         st = self._reqs.get(rid)
         if st is None or st.request is not request:
+            if st is not None:   # another Request object under the same id: forget the old one
+                self._forget_lookup(st)
+                self._drop_lease(st)
             salt, lora, mm = request_seed_inputs(request)
             cacheable = getattr(request, "prompt_embeds", None) is None
             chains = [KeyChain(namespace_seed(ns, cache_salt=salt, lora=lora, extra=mm), self.bs)
@@ -130,60 +170,131 @@ class SchedulerSide:
         lease, st.lease = st.lease, None
         self._release(lease)
 
+    # ---- lookups
+
+    def _may_load(self, st: _Req) -> bool:
+        return bool(self.cfg.load and st.cacheable and not self.loads_disabled
+                    and not getattr(st.request, "skip_reading_prefix_cache", False))
+
+    def _start_lookup(self, st: _Req) -> bool:
+        """Submit Match(lease) of the request's full blocks from block 0 on every
+        rank; False when there is nothing a hit could cover."""
+        limit = matchable_blocks(st.request.num_tokens, self.bs)
+        if hit_tokens(st.request.num_tokens, limit, self.bs) <= 0:
+            return False
+        futures = []
+        for rank, link in enumerate(self.links):
+            keys = list(self._keys(st, rank, 0, limit))
+            futures.append(link.submit(lambda c, keys=keys: c.match(keys, lease=True), "lookup"))
+        st.lookup = _Lookup(futures, limit, self._clock() + self.cfg.lookup_timeout_s)
+        return True
+
+    def _forget_lookup(self, st: _Req) -> None:
+        """Nobody will use st's lookup: release its leases whenever it lands."""
+        lk, st.lookup = st.lookup, None
+        if lk is None:
+            return
+        for rank, fut in enumerate(lk.futures):
+            fut.add_done_callback(lambda f, rank=rank: self._release_result(rank, f))
+
+    def _release_result(self, rank: int, fut: Future[Any]) -> None:
+        # Runs on the link's thread (or here, if already done).
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        self.releasers[rank].release(getattr(fut.result(), "lease_id", None))
+
+    def _wait_for(self, lk: _Lookup) -> None:
+        budget = min(self._wait_left, lk.deadline - self._clock())
+        if budget < 1e-6:
+            return
+        t = self._clock()
+        self._wait(lk.futures, budget)
+        self._wait_left -= max(0.0, self._clock() - t)
+
+    def _answer(self, st: _Req, lk: _Lookup, num_computed_tokens: int) -> Tuple[int, bool]:
+        request = st.request
+        ids: List[Optional[int]] = []
+        matched = lk.limit
+        error: Optional[BaseException] = None
+        for fut in lk.futures:
+            try:
+                res = fut.result()
+            except Exception as e:
+                error = error or e
+                ids.append(None)
+                continue
+            ids.append(res.lease_id)
+            matched = min(matched, res.matched)
+        lease = _Lease(ids, 0, 0)
+        if error is not None:
+            self._release(lease)
+            self.counters.inc("lookup_errors")
+            if not isinstance(error, LinkDown):
+                log.debug("kvkeeper: lookup of %s failed: %s", request.request_id, error)
+            return 0, False
+        bs = self.bs
+        top = hit_tokens(request.num_tokens, lk.limit, bs)
+        self.counters.inc("lookups")
+        self.counters.inc("lookup_tokens", max(0, top - num_computed_tokens))
+        hit = hit_tokens(request.num_tokens, matched, bs) - num_computed_tokens
+        if hit <= 0 or not self._may_load(st):
+            self._release(lease)
+            return 0, False
+        lease.start = num_computed_tokens // bs
+        lease.blocks = matched - lease.start
+        lease.computed = num_computed_tokens
+        st.lease = lease
+        return hit, False
+
     # ---- vLLM hooks
 
     def on_new_request(self, request: Any) -> None:
-        self._state(request)
-
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Tuple[int, bool]:
         st = self._state(request)
-        # Called again for the same request (not scheduled last time, or resumed
-        # after preemption): the earlier lease and save progress are stale.
-        self._drop_lease(st)
-        st.saved_blocks = None
-        if (not self.cfg.load or not st.cacheable or self.loads_disabled
-                or getattr(request, "skip_reading_prefix_cache", False)):
-            return 0, False
-        bs = self.bs
-        start = num_computed_tokens // bs
-        limit = matchable_blocks(request.num_tokens, bs)
-        if limit <= start:
-            return 0, False
-        matched = limit - start
-        ids: List[Optional[int]] = []
-        try:
-            for rank, link in enumerate(self.links):
-                keys = list(self._keys(st, rank, start, limit))
-                res = link.call(lambda c: c.match(keys, lease=True), "lookup")
-                ids.append(res.lease_id)
-                matched = min(matched, res.matched)
-                if matched == 0:
-                    break
-        except Exception as e:
-            self._release(_Lease(ids, start, 0))
-            self.counters.inc("lookup_errors")
-            if not isinstance(e, LinkDown):
-                log.debug("kvkeeper: lookup of %s failed: %s", request.request_id, e)
-            return 0, False
-        self.counters.inc("lookups")
-        self.counters.inc("lookup_tokens", (limit - start) * bs)
-        lease = _Lease(ids, start, matched)
-        if matched == 0:
-            self._release(lease)
-            return 0, False
-        st.lease = lease
-        return matched * bs, False
+        # Ask the daemon now: the answer is likely there when vLLM schedules it.
+        if st.lookup is None and st.lease is None and self._may_load(st):
+            self._start_lookup(st)
+
+    def get_num_new_matched_tokens(self, request: Any,
+                                   num_computed_tokens: int) -> Tuple[Optional[int], bool]:
+        st = self._state(request)
+        lk = st.lookup
+        if lk is None:
+            # Not looked up yet, or asked again after the answer was used (not
+            # scheduled last time, or resumed after preemption): the earlier
+            # lease and save progress are stale.
+            self._drop_lease(st)
+            st.saved_blocks = None
+            if not self._may_load(st) or not self._start_lookup(st):
+                return 0, False
+            lk = st.lookup
+            assert lk is not None
+        if not lk.done():
+            self._wait_for(lk)
+            if not lk.done():
+                if self._clock() < lk.deadline:
+                    return None, False   # pending: vLLM asks again next step
+                self._forget_lookup(st)
+                self.counters.inc("lookup_errors")
+                log.debug("kvkeeper: lookup of %s not answered within %.3f s; a miss",
+                          request.request_id, self.cfg.lookup_timeout_s)
+                return 0, False
+        st.lookup = None
+        return self._answer(st, lk, num_computed_tokens)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         st = self._reqs.get(request.request_id)
         if st is None:
             return
         lease = st.lease
-        n = num_external_tokens // self.bs
-        if n <= 0 or lease is None:
+        if num_external_tokens <= 0 or lease is None:
             self._drop_lease(st)
             return
         st.lease = None
+        # Every block the hit touches is loaded whole: a hit ends one token
+        # short of a block boundary when it covers all but the prompt's last
+        # token (vLLM computes that token and writes its KV over the loaded one).
+        end = lease.computed + num_external_tokens
+        n = -(-end // self.bs) - lease.start
         try:
             block_ids = list(blocks.get_block_ids()[0])
             n = lease.blocks = min(n, lease.blocks)
@@ -208,8 +319,12 @@ class SchedulerSide:
                         load_id=self._next_load_id)
         self._next_load_id += 1
         self._pending_loads.append((request.request_id, load, lease))
-        st.hit_tokens += n * self.bs
-        self.counters.inc("hit_tokens", n * self.bs)
+        # The loaded blocks are in the daemon: not saved again (a failed load
+        # lowers this in update_connector_output).
+        st.saved_blocks = max(st.saved_blocks or 0, lease.start + n)
+        tokens = max(0, min(num_external_tokens, (lease.start + n) * self.bs - lease.computed))
+        st.hit_tokens += tokens
+        self.counters.inc("hit_tokens", tokens)
 
     def build_connector_meta(self, scheduler_output: Any,
                              block_ids_of: Callable[[str], Optional[Sequence[int]]]
@@ -223,6 +338,7 @@ class SchedulerSide:
             if st is not None:
                 st.loads.add(load.load_id)
         self._pending_loads = []
+        self._wait_left = self.cfg.lookup_wait_s   # the next step's
         if self.cfg.save:
             try:
                 self._plan_saves(scheduler_output, block_ids_of, meta)
@@ -280,10 +396,11 @@ class SchedulerSide:
                 st.loads.discard(load_id)
                 if st.saved_blocks is not None:
                     if corrupt:
-                        # Release(discard) drops every block of the lease: save
-                        # them all again, the good ones from what was loaded and
-                        # the rest once vLLM has recomputed them.
-                        st.saved_blocks = min(st.saved_blocks, lease.start)
+                        # Release(discard) drops every block of the lease (from
+                        # block 0 on): save them all again, the good ones from
+                        # what was loaded and the rest once vLLM has recomputed
+                        # them.
+                        st.saved_blocks = 0
                     elif good < lease.blocks:
                         # vLLM recomputes from the first block that failed.
                         st.saved_blocks = min(st.saved_blocks, lease.start + good)
@@ -300,6 +417,7 @@ class SchedulerSide:
         st = self._reqs.pop(request.request_id, None)
         if st is None:
             return None
+        self._forget_lookup(st)
         self._drop_lease(st)
         for load_id in st.loads:
             entry = self._inflight.pop(load_id, None)
@@ -323,8 +441,15 @@ class SchedulerSide:
         n = sum(1 for st in self._reqs.values() if st.lease is not None)
         return n + len(self._inflight) + len(self._pending_loads)
 
+    def pending_lookups(self) -> int:
+        """Lookups in flight whose answer vLLM has not had yet."""
+        return sum(1 for st in self._reqs.values() if st.lookup is not None)
+
     def shutdown(self) -> None:
+        # Never waits for a lookup in flight: closing the links fails the
+        # queued ones, and the daemon frees a closed session's leases.
         for st in self._reqs.values():
+            self._forget_lookup(st)
             self._drop_lease(st)
         for _, lease in self._inflight.values():
             self._release(lease)
@@ -333,6 +458,10 @@ class SchedulerSide:
             r.close(timeout=2.0)
         for link in self.links:
             link.close()
+
+
+def _wait_all(futures: Sequence[Future[Any]], timeout: float) -> None:
+    concurrent.futures.wait(futures, timeout=timeout)
 
 
 def _without_io(cfg: ConnectorConfig) -> ConnectorConfig:

@@ -39,9 +39,11 @@ busy-poll for 1 s after each step: see SWITCH_SETTLE_S). The median of the
 repetitions is reported, after untimed warm-ups. Per repetition:
 
   full hit     a 2048-token prompt (512 with --quick): kvk-a computes and
-               saves it; recompute computes it; kvk-b loads 2016 tokens (63
-               blocks; the last block is always computed) and computes 32;
-               example saves it, then loads 2016 tokens
+               saves it; recompute computes it; kvk-b loads all 64 blocks,
+               reports 2047 hit tokens (511) and computes the last token
+               only (vLLM always computes it); example saves it, then loads
+               2016 tokens (480: 63 blocks, it never loads the last block)
+               and computes 32
   partial hit  a 1536-token prefix (384) shared with a prompt kvk-a saved,
                plus 512 new tokens (128): recompute computes all of it, kvk-b
                loads the prefix and computes the rest
@@ -69,9 +71,12 @@ Results (seconds; ratio = value / baseline):
         lookup and the worker's load before the forward pass)
 
 params carry every sample, the verified hit, and the median breakdown of a
-hit measured inside the engines (ttft_connector.py): lookup, load (kvkeeper:
-the worker's Match, load_into = Load + copy out of the arena + CRC32 check,
-scatter into the KV cache), forward, save, and other (the rest of the TTFT:
+hit measured inside the engines (ttft_connector.py): lookup, load (what the
+step waited for the loads; kvkeeper's phases: fetch = the worker's Match with
+the blocks' arena refs, copy = arena -> KV cache, check = CRC32 of the copied
+blocks, the last two partly beside the forward on the spare core; layer_wait
+and check_wait = what the forward and the end of the step waited for them),
+forward, save, and other (the rest of the TTFT:
 front end, IPC, scheduling, sampling, output), plus the machine's load
 average (other work on the machine makes every figure noisier). About 4
 minutes on a 2-core CPU (--quick: about 1 minute), half of it the engines'
@@ -288,7 +293,12 @@ class Bench:
         self.python = python
         self.tmp = tmp
         self.prompts = Prompts(MODEL["vocab_size"], seed=20240601)
-        self.full_hit = (scale.prompt_tokens - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+        # kvkeeper loads every full block and reports all but the last token;
+        # ExampleConnector stops at the last block boundary before it.
+        full_blocks = scale.prompt_tokens // BLOCK_TOKENS
+        self.full_hit = min(full_blocks * BLOCK_TOKENS, scale.prompt_tokens - 1)
+        self.full_hit_blocks = -(-self.full_hit // BLOCK_TOKENS)
+        self.example_full_hit = (scale.prompt_tokens - 1) // BLOCK_TOKENS * BLOCK_TOKENS
         self.partial_hit = scale.shared_tokens // BLOCK_TOKENS * BLOCK_TOKENS
         self.daemon: Optional[ServerProcess] = None
         self.engines: Dict[str, Engine] = {}
@@ -418,13 +428,15 @@ class Bench:
                     [r_full["cached"], r_partial["cached"]], 0)
         expect_hits("ExampleConnector first request (saves)", [x_save["cached"]], 0)
         expect_hits("ExampleConnector full hit (num_cached_tokens)", [x_full["cached"]],
-                    self.full_hit)
-        for res, want in ((b_full, self.full_hit), (b_partial, self.partial_hit)):
+                    self.example_full_hit)
+        for res, want, want_blocks in ((b_full, self.full_hit, self.full_hit_blocks),
+                                       (b_partial, self.partial_hit,
+                                        self.partial_hit // BLOCK_TOKENS)):
             loads = [t for t in res["timings"] if t.get("event") == "load"]
             blocks = sum(t["blocks"] for t in loads)
-            if blocks != want // BLOCK_TOKENS:
+            if blocks != want_blocks:
                 raise VerificationError(f"kvk-b's worker loaded {blocks} blocks for a hit of "
-                                        f"{want} tokens ({loads})")
+                                        f"{want} tokens ({loads}); expected {want_blocks}")
         return {"recompute_full": r_full, "recompute_partial": r_partial, "kvk_full": b_full,
                 "kvk_partial": b_partial, "kvk_miss": a_full, "kvk_save_src": a_src,
                 "example_full": x_full, "example_save": x_save}
@@ -466,7 +478,7 @@ class Bench:
         def delta(name: str) -> float:
             return after.get(f"vllm:kvkeeper_{name}", 0) - before.get(f"vllm:kvkeeper_{name}", 0)
 
-        want_blocks = self.s.reps * (self.full_hit + self.partial_hit) // BLOCK_TOKENS
+        want_blocks = self.s.reps * (self.full_hit_blocks + self.partial_hit // BLOCK_TOKENS)
         if delta("loaded_blocks") != want_blocks or delta("load_error_blocks") \
                 or delta("checksum_errors"):
             raise VerificationError(
@@ -514,7 +526,8 @@ class Bench:
                   "ttft": "vLLM first_token_latency of one request, max_tokens=1, median",
                   "vllm_prefix_caching": False}
         full = {**common, "prompt_tokens": s.prompt_tokens, "hit_tokens": self.full_hit,
-                "hit_verified": True, "loaded_bytes": self.full_hit * kv_bytes_per_token()}
+                "example_hit_tokens": self.example_full_hit, "hit_verified": True,
+                "loaded_bytes": self.full_hit_blocks * BLOCK_TOKENS * kv_bytes_per_token()}
         partial = {**common, "prompt_tokens": s.prompt_tokens, "shared_prefix_tokens":
                    s.shared_tokens, "hit_tokens": self.partial_hit, "hit_verified": True}
         kvk_breakdown = breakdown(rounds, "kvk_full")
@@ -631,9 +644,10 @@ def breakdown(rounds: List[Dict[str, Any]], key: str) -> Dict[str, float]:
                 ph["lookup"] = ph.get("lookup", 0.0) + t["dur"]
             elif ev == "load":
                 ph["load"] = ph.get("load", 0.0) + t["dur"]
-                for k in ("match", "load_into", "scatter"):
-                    if k in t:
-                        ph[f"load.{k}"] = ph.get(f"load.{k}", 0.0) + t[k]
+                for k, v in t.items():   # the connector's own phases (ttft_connector.py)
+                    if k not in ("event", "dur", "blocks", "tokens", "pid") and \
+                            isinstance(v, (int, float)):
+                        ph[f"load.{k}"] = ph.get(f"load.{k}", 0.0) + v
             elif ev == "step":
                 ph["forward"] = ph.get("forward", 0.0) + t["forward"]
                 ph["save"] = ph.get("save", 0.0) + t["save"]

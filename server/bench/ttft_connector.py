@@ -8,20 +8,28 @@ Each class behaves exactly like its parent and only appends one JSON line per
 event to the file named by $KVKEEPER_BENCH_TIMINGS (nothing when unset):
 
   {"event": "lookup", "dur": s, "tokens": n}   scheduler: get_num_new_matched_tokens
-  {"event": "load", "dur": s, "blocks": n, "match": s, "load_into": s, "scatter": s}
-                                                worker: start_load_kv when it loads
-                                                (kvkeeper: Match under the worker's
-                                                lease, Load + copy out of the arena +
-                                                CRC32, scatter into the KV cache)
+  {"event": "load", "dur": s, "blocks": n, ...}
+                                                worker, a step that loads: dur is the
+                                                time the step waited for the
+                                                connector's loads (kvkeeper:
+                                                start_load_kv, plus the waits in
+                                                wait_for_layer_load and for the
+                                                checksum checks after the forward);
+                                                kvkeeper adds its phases: fetch
+                                                (Match + arena refs), copy (arena ->
+                                                KV cache), check (checksums of the
+                                                copied blocks), layer_wait,
+                                                check_wait (copy and check may run
+                                                beside the forward, on a spare core)
   {"event": "step", "forward": s, "save": s}   worker, wait_for_save: forward is
                                                 the time from bind_connector_metadata
                                                 (just before the forward pass) to
                                                 wait_for_save (just after it), less
                                                 the loads and saves in between; save
                                                 is the connector's save work of the
-                                                step (kvkeeper: copying new blocks
-                                                out of the KV cache)
-  {"event": "save_sent", "dur": s, "blocks": n} kvkeeper's background save thread:
+                                                step (kvkeeper: queueing the new
+                                                blocks for its save thread)
+  {"event": "save_sent", "dur": s}             kvkeeper's background save thread:
                                                 one batch sent (Reserve, copy, CRC32,
                                                 Commit); off the step's critical path
 
@@ -32,14 +40,12 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from typing import Any, Dict, Optional
 
 from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import ExampleConnector
 
 from kvkeeper.connector.connector import KVKeeperConnector
-from kvkeeper.connector.metadata import KVKeeperConnectorMetadata
 
 TIMINGS_ENV = "KVKEEPER_BENCH_TIMINGS"
 
@@ -62,83 +68,39 @@ class _Recorder:
             os.close(fd)
 
 
-class _Phases:
-    """Durations added up by name, only in the thread that opened them."""
-
-    def __init__(self) -> None:
-        self.data: Optional[Dict[str, float]] = None
-        self.owner: Optional[int] = None
-
-    def open(self) -> None:
-        self.data = {}
-        self.owner = threading.get_ident()
-
-    def close(self) -> Dict[str, float]:
-        data, self.data, self.owner = self.data or {}, None, None
-        return data
-
-    def add(self, name: str, dur: float) -> None:
-        if self.data is not None and threading.get_ident() == self.owner:
-            self.data[name] = self.data.get(name, 0.0) + dur
-
-    def timed(self, name: str, fn: Any) -> Any:
-        def wrapper(*a: Any, **k: Any) -> Any:
-            t = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                self.add(name, time.perf_counter() - t)
-        return wrapper
-
-
-class _TimedClient:
-    """A kvkeeper client whose methods add their time to phases under their name."""
-
-    def __init__(self, client: Any, phases: _Phases) -> None:
-        self._client = client
-        self._phases = phases
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._client, name)
-        return self._phases.timed(name, attr) if callable(attr) else attr
-
-
 class TimedKVKeeperConnector(KVKeeperConnector):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._rec = _Recorder()
-        self._phases = _Phases()
         self._bound: Optional[float] = None
-        self._load_s = 0.0
+        self._load_s = 0.0        # start_load_kv
+        self._layer_wait_s = 0.0  # wait_for_layer_load (inside the forward)
+        self._loads = 0           # blocks this step loads
         super().__init__(*args, **kwargs)
 
     def register_kv_caches(self, kv_caches: Any) -> None:
         super().register_kv_caches(kv_caches)
         w = self._worker
-        if w is None:
+        if w is None or getattr(w, "link", None) is None:
             return
-        if getattr(w, "link", None) is not None:
-            orig_call = w.link.call
-            phases, rec = self._phases, self._rec
+        orig_call, rec = w.link.call, self._rec
 
-            def call(fn: Any, what: str, *a: Any, **k: Any) -> Any:
-                if what != "save":
-                    return orig_call(lambda c: fn(_TimedClient(c, phases)), what, *a, **k)
-                t = time.perf_counter()   # the background save thread
-                try:
-                    return orig_call(fn, what, *a, **k)
-                finally:
-                    rec.write({"event": "save_sent", "dur": time.perf_counter() - t})
+        def call(fn: Any, what: str, *a: Any, **k: Any) -> Any:
+            if what != "save":
+                return orig_call(fn, what, *a, **k)
+            t = time.perf_counter()   # the background save thread
+            try:
+                return orig_call(fn, what, *a, **k)
+            finally:
+                rec.write({"event": "save_sent", "dur": time.perf_counter() - t})
 
-            w.link.call = call
-        codec = getattr(w, "codec", None)
-        if codec is not None:
-            codec.scatter = self._phases.timed("scatter", codec.scatter)
-            codec.gather = self._phases.timed("gather", codec.gather)
+        w.link.call = call
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         super().bind_connector_metadata(connector_metadata)
         self._bound = time.perf_counter()
-        self._load_s = 0.0
+        self._load_s = self._layer_wait_s = 0.0
+        loads = getattr(connector_metadata, "loads", None) or ()
+        self._loads = sum(s.num_blocks() for s in loads)
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
         t = time.perf_counter()
@@ -148,35 +110,46 @@ class TimedKVKeeperConnector(KVKeeperConnector):
         return out
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        meta = self._get_connector_metadata() if self.has_connector_metadata() else None
-        loads = meta.loads if isinstance(meta, KVKeeperConnectorMetadata) else []
-        self._phases.open()
         t = time.perf_counter()
         try:
             super().start_load_kv(forward_context, **kwargs)
         finally:
-            end = time.perf_counter()
-            phases = self._phases.close()
-            self._load_s += end - t
-            if loads:
-                self._rec.write({"event": "load", "dur": end - t,
-                                 "blocks": sum(s.num_blocks() for s in loads),
-                                 "match": phases.get("match", 0.0),
-                                 "load_into": phases.get("load_into", 0.0),
-                                 "scatter": phases.get("scatter", 0.0)})
+            self._load_s += time.perf_counter() - t
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        t = time.perf_counter()
+        try:
+            super().wait_for_layer_load(layer_name)
+        finally:
+            self._layer_wait_s += time.perf_counter() - t
 
     def wait_for_save(self) -> None:
         t = time.perf_counter()
-        self._phases.open()
         try:
             super().wait_for_save()
         finally:
             end = time.perf_counter()
-            phases = self._phases.close()
             if self._bound is not None:
-                self._rec.write({"event": "step", "forward": t - self._bound - self._load_s,
-                                 "save": end - t, "gather": phases.get("gather", 0.0)})
+                self._rec.write({"event": "step",
+                                 "forward": t - self._bound - self._load_s - self._layer_wait_s,
+                                 "save": end - t})
                 self._bound = None
+
+    def get_block_ids_with_load_errors(self) -> Any:
+        t = time.perf_counter()
+        try:
+            return super().get_block_ids_with_load_errors()
+        finally:
+            check_wait = time.perf_counter() - t
+            if self._loads:
+                phases = dict(getattr(self._worker, "timings", None) or {})
+                phases.pop("check_wait", None)
+                phases.pop("layer_wait", None)
+                self._rec.write({"event": "load", "blocks": self._loads,
+                                 "dur": self._load_s + self._layer_wait_s + check_wait,
+                                 "layer_wait": self._layer_wait_s, "check_wait": check_wait,
+                                 **phases})
+                self._loads = 0
 
 
 class TimedExampleConnector(ExampleConnector):

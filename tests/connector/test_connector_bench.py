@@ -53,14 +53,15 @@ def test_ttft_quick_json_shape_and_verified_hits() -> None:
     full = by["ttft.full_hit.kvkeeper_vs_recompute"]["params"]
     partial = by["ttft.partial_hit.kvkeeper_vs_recompute"]["params"]
     assert full["hit_verified"] is True and partial["hit_verified"] is True
-    # --quick: 512-token prompts, blocks of 32: the last block is always computed.
-    assert full["prompt_tokens"] == 512 and full["hit_tokens"] == 480
+    # --quick: 512-token prompts, blocks of 32: kvkeeper loads all 16 blocks and
+    # vLLM computes the last token only; ExampleConnector computes the last block.
+    assert full["prompt_tokens"] == 512 and full["hit_tokens"] == 511
+    assert full["example_hit_tokens"] == 480
     assert partial["shared_prefix_tokens"] == 384 and partial["hit_tokens"] == 384
     assert len(full["samples"]) == full["reps"] == 2
     assert len(full["baseline_samples"]) == 4, "both recompute requests of each repetition"
     bd = full["kvkeeper_breakdown_s"]
-    for k in ("ttft", "lookup", "load", "load.match", "load.load_into", "load.scatter",
-              "forward"):
+    for k in ("ttft", "lookup", "load", "load.fetch", "load.copy", "load.check", "forward"):
         assert k in bd, bd
     ex = by["ttft.full_hit.kvkeeper_vs_example_connector"]["params"]
     assert "load" in ex["example_breakdown_s"]

@@ -149,8 +149,14 @@ def test_engines_start_and_serve_without_the_daemon(cluster: Cluster) -> None:
     assert nd["metrics"].get("vllm:kvkeeper_lookup_errors", 0) >= 1
 
 
-def test_shared_prefix_is_an_external_hit_with_identical_output(cluster: Cluster) -> None:
-    p = prompt("shared", 200)                      # 6 full blocks; 6 matchable (199 // 32)
+@pytest.mark.parametrize("n,hit", [(200, 192), (192, 191)], ids=["partial-last-block",
+                                                                    "block-aligned"])
+def test_shared_prefix_is_an_external_hit_with_identical_output(cluster: Cluster, n: int,
+                                                                hit: int) -> None:
+    # 200 tokens: 6 full blocks loaded, the 8 tokens after them computed.
+    # 192 tokens: all 6 blocks loaded, the last one holding the prompt's last
+    # token, which vLLM computes (hit 191): its KV is written over the loaded copy.
+    p = prompt(f"shared-{n}", n)
     base = one(cluster.base, p, 16)
     a = one(cluster.a, p, 16)
     assert a["tokens"] == base["tokens"] and hit_tokens(a) == 0
@@ -158,12 +164,13 @@ def test_shared_prefix_is_an_external_hit_with_identical_output(cluster: Cluster
     cluster.wait_stored(keys)
     hits_before = cluster.daemon.stats().hit_blocks
     loaded_before = cluster.b.metrics().get("vllm:kvkeeper_loaded_blocks", 0)
+    ext_before = cluster.b.metrics().get("vllm:external_prefix_cache_hits", 0)
     b = one(cluster.b, p, 16)
-    assert hit_tokens(b) == 192
+    assert hit_tokens(b) == hit
     assert b["tokens"] == base["tokens"]
     m = cluster.b.metrics()
     assert m["vllm:kvkeeper_loaded_blocks"] - loaded_before == 6
-    assert m["vllm:external_prefix_cache_hits"] >= 192
+    assert m["vllm:external_prefix_cache_hits"] - ext_before == hit
     # scheduler lookup + worker load both matched the 6 blocks
     assert cluster.daemon.stats().hit_blocks - hits_before >= 12
     cluster.wait_no_leases()
@@ -182,27 +189,27 @@ def test_partial_prefix_hit_on_a_shared_system_prompt(cluster: Cluster) -> None:
 
 
 def test_corrupt_block_is_detected_recomputed_and_replaced(cluster: Cluster) -> None:
-    p = prompt("corrupt", 160)                     # 5 full blocks, 4 matchable
+    p = prompt("corrupt", 160)                     # 5 full blocks, all loaded (hit 159)
     base = one(cluster.base, p, 8)
     a = one(cluster.a, p, 8)
-    keys = report_keys(a["report"], p)[:4]
+    keys = report_keys(a["report"], p)[:5]
     cluster.wait_stored(keys)
     corrupt_stored_block(cluster.daemon.socket_path, cluster.namespace, keys[1])
     before = cluster.b.metrics()
     b = one(cluster.b, p, 8)
     after = cluster.b.metrics()
     assert b["tokens"] == base["tokens"], "the corrupt block was not used"
-    assert hit_tokens(b) == 128
+    assert hit_tokens(b) == 159
     assert after["vllm:kvkeeper_checksum_errors"] - before.get("vllm:kvkeeper_checksum_errors", 0) == 1
     # block 1 and the blocks after it were recomputed
     assert after["vllm:kvkeeper_load_error_blocks"] - before.get(
-        "vllm:kvkeeper_load_error_blocks", 0) == 3
+        "vllm:kvkeeper_load_error_blocks", 0) == 4
     # the daemon dropped the corrupt block and B stored the recomputed one
     cluster.wait_stored(keys)
     c = cluster.client()
     lease = c.match(keys, lease=True).lease_id
     try:
-        assert len(c.load(lease)) == 4          # raises ChecksumError if still corrupt
+        assert len(c.load(lease)) == 5          # raises ChecksumError if still corrupt
     finally:
         c.release(lease)
     cluster.wait_no_leases()

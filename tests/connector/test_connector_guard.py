@@ -3,6 +3,7 @@ exceptions inside hooks become "disabled" / "miss" / "recompute"."""
 from __future__ import annotations
 
 import logging
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -100,7 +101,14 @@ def test_unsupported_layout_disables_and_no_daemon_is_a_miss() -> None:
     vc, kvc = fake_vllm_config({"kvkeeper_url": "unix:///nowhere.sock"})
     c = KVKeeperConnector(vc, KVConnectorRole.SCHEDULER, kvc)
     try:
-        assert c.get_num_new_matched_tokens(request(list(range(100))), 0) == (0, False)
+        r = request(list(range(100)))
+        # The lookup runs off the scheduler's thread: "pending" (None) until
+        # the failed connect lands, then a miss (bounded by the lookup timeout).
+        deadline = time.monotonic() + 30
+        while (got := c.get_num_new_matched_tokens(r, 0)) == (None, False):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert got == (0, False)
         assert c.get_kv_connector_stats().data["lookup_errors"] == 1
     finally:
         c.shutdown()

@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from kvkeeper.connector.keys import (KEY_BYTES, KeyChain, block_tokens_bytes, chain_keys,
-                                     full_blocks, matchable_blocks, namespace_seed)
+                                     full_blocks, hit_tokens, matchable_blocks,
+                                     namespace_seed)
 
 NS = {"model_id": "meta-llama/Llama-3-8B", "model_revision": "main", "dtype": "bfloat16",
       "kv_layout": "kvk1:LBNHC:FullAttentionSpec:L32xH8xN16xC256B", "block_tokens": 16,
@@ -105,16 +106,22 @@ def test_only_full_blocks_get_keys() -> None:
         KeyChain(seed, 16).keys(TOKENS[:47], 3)
 
 
-def test_last_token_is_never_matchable() -> None:
-    # vLLM must compute at least the last token: a 48-token prompt can hit 2
-    # blocks (32 tokens), not 3, though 3 are full.
-    assert matchable_blocks(48, 16) == 2
-    assert matchable_blocks(49, 16) == 3
-    assert matchable_blocks(17, 16) == 1
-    assert matchable_blocks(16, 16) == 0
-    assert matchable_blocks(1, 16) == 0 and matchable_blocks(0, 16) == 0
-    for n in range(1, 200):
-        assert matchable_blocks(n, 16) * 16 <= n - 1
+def test_every_full_block_is_matchable_but_the_last_token_is_never_a_hit() -> None:
+    # vLLM must compute at least the last token: a 48-token prompt matches and
+    # loads its 3 full blocks but reports 47 tokens, so vLLM computes 1, not 16.
+    assert matchable_blocks(48, 16) == 3 and hit_tokens(48, 3, 16) == 47
+    assert matchable_blocks(49, 16) == 3 and hit_tokens(49, 3, 16) == 48
+    assert matchable_blocks(17, 16) == 1 and hit_tokens(17, 1, 16) == 16
+    assert matchable_blocks(16, 16) == 1 and hit_tokens(16, 1, 16) == 15
+    assert matchable_blocks(15, 16) == 0 and hit_tokens(15, 0, 16) == 0
+    assert hit_tokens(1, 0, 16) == 0 and hit_tokens(0, 0, 16) == 0
+    assert hit_tokens(2048, 64, 32) == 2047 and hit_tokens(2048, 63, 32) == 2016
+    for n in range(200):
+        for m in range(matchable_blocks(n, 16) + 1):
+            h = hit_tokens(n, m, 16)
+            assert 0 <= h <= max(0, n - 1) and h <= m * 16
+            # the blocks a hit touches are all matched ones
+            assert -(-h // 16) <= m
 
 
 def test_keychain_extends_incrementally_and_agrees_with_one_shot() -> None:

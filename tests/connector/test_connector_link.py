@@ -131,3 +131,105 @@ def test_a_hung_daemon_costs_one_deadline_then_the_breaker_answers(sock: str) ->
         d.resume()
         link.close()
         d.cleanup()
+
+
+class _FakeClient:
+    session_id = "s"
+    transport = "fake"
+
+    def close(self) -> None:
+        pass
+
+
+def test_submit_runs_off_the_callers_thread_and_honours_the_breaker() -> None:
+    import threading
+
+    from kvkeeper.connector.link import DaemonLink
+
+    now = [0.0]
+    link = DaemonLink("unix:///nowhere", NS, instance_id="t", timeout=1.0,
+                      connect=lambda *a, **k: _FakeClient(), clock=lambda: now[0],
+                      reconnect_min_s=1.0)
+    try:
+        caller = threading.get_ident()
+        assert link.submit(lambda c: threading.get_ident(), "x").result(5) != caller
+        # a transport failure opens the breaker: the next submits fail at once
+        failed = link.submit(lambda c: (_ for _ in ()).throw(UnavailableError("gone")), "x")
+        with pytest.raises(UnavailableError):
+            failed.result(5)
+        refused = link.submit(lambda c: 1, "x")
+        assert refused.done()
+        with pytest.raises(LinkDown):
+            refused.result()
+        now[0] += 1.0                          # the backoff is over: the next call probes
+        assert link.submit(lambda c: 2, "x").result(5) == 2
+    finally:
+        link.close()
+
+
+def test_close_fails_queued_submits_and_does_not_wait_for_a_running_one() -> None:
+    import threading
+
+    from kvkeeper.connector.link import DaemonLink
+
+    link = DaemonLink("unix:///nowhere", NS, instance_id="t", timeout=1.0,
+                      connect=lambda *a, **k: _FakeClient())
+    gate, started = threading.Event(), threading.Event()
+
+    def slow(c):
+        started.set()
+        gate.wait(10)
+        return "late"
+
+    running = link.submit(slow, "x")
+    assert started.wait(5)
+    queued = link.submit(lambda c: 1, "x")
+    link.close()                               # returns while `slow` still runs
+    with pytest.raises(LinkDown):
+        queued.result(5)
+    assert not running.done()
+    gate.set()
+    assert running.result(5) == "late"
+    with pytest.raises(LinkDown):
+        link.submit(lambda c: 1, "x").result()
+
+
+def test_submit_against_a_real_daemon(sock: str) -> None:
+    d = DaemonProcess(sock).start()
+    link = link_for(sock)
+    key = b"\x04" * KEY_BYTES
+    try:
+        link.call(lambda c: c.save([key], [bytes(4096)]), "save")
+        res = link.submit(lambda c: c.match([key], lease=True), "lookup").result(10)
+        assert res.matched == 1 and res.lease_id
+        link.call(lambda c: c.release(res.lease_id), "release")
+    finally:
+        link.close()
+        d.cleanup()
+
+
+def test_until_connected_once_a_due_attempt_connects_in_the_callers_thread() -> None:
+    # The daemon starts after vLLM: the first use after it came up succeeds
+    # (a worker's first load must not fail because its start-up connect did).
+    from kvkeeper.connector.link import DaemonLink
+
+    now = [0.0]
+    up = [False]
+
+    def connect(*a, **k):
+        if not up[0]:
+            raise UnavailableError("no daemon yet")
+        return _FakeClient()
+
+    link = DaemonLink("unix:///nowhere", NS, instance_id="t", timeout=1.0, connect=connect,
+                      clock=lambda: now[0], reconnect_min_s=1.0)
+    try:
+        with pytest.raises(LinkDown):
+            link.call(lambda c: 1, "connect")
+        with pytest.raises(LinkDown):          # backing off: no attempt
+            link.call(lambda c: 1, "load")
+        up[0] = True
+        now[0] += 1.0
+        assert link.call(lambda c: 2, "load") == 2
+    finally:
+        link.close()

@@ -2,13 +2,16 @@
 
 No engine: vLLM's Request, KVCacheBlocks and SchedulerOutput are stood in for
 by the few attributes the connector reads. Needs vLLM importable (the
-metadata classes subclass vLLM's).
+metadata classes subclass vLLM's). Lookups answer at once unless a test
+holds them (FakeLink.hold) and lands them later; time is a fake clock and
+waiting for an answer is a fake wait (no test depends on timing).
 """
 from __future__ import annotations
 
 import itertools
+from concurrent.futures import Future
 from types import SimpleNamespace
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import pytest
 
@@ -52,11 +55,13 @@ class FakeDaemon:
             self.leases[lid] = list(keys[:n])
         return MatchResult(n, [2] * n, lid)
 
-    def release(self, lease_id: int, discard: bool = False) -> None:
+    def release(self, lease_id: int, discard: bool = False,
+                discard_indices: Sequence[int] = ()) -> None:
         keys = self.leases.pop(lease_id)
         self.released.append((lease_id, discard))
         if discard:
             self.keys.difference_update(keys)
+        self.keys.difference_update(keys[i] for i in discard_indices)
 
 
 class FakeLink:
@@ -66,6 +71,10 @@ class FakeLink:
         self.daemon = daemon
         self.down = down
         self.calls = 0
+        self.submits = 0
+        self.hold = False     # submit() leaves its Future pending until land()
+        self.held: List[Tuple[Future, Callable[[Any], Any]]] = []
+        self.closed = False
 
     def call(self, fn, what, wait=True):
         self.calls += 1
@@ -73,8 +82,61 @@ class FakeLink:
             raise LinkDown("down")
         return fn(self.daemon)
 
+    def submit(self, fn, what):
+        self.submits += 1
+        fut: Future = Future()
+        if self.hold:
+            self.held.append((fut, fn))
+        else:
+            self._run(fut, fn, what)
+        return fut
+
+    def _run(self, fut: Future, fn, what) -> None:
+        try:
+            fut.set_result(self.call(fn, what))
+        except Exception as e:  # noqa: BLE001 - handed to the waiter, as DaemonLink does
+            fut.set_exception(e)
+
+    def land(self, fail: Optional[Exception] = None) -> int:
+        """Answer the held calls now (from the daemon's present state), or fail them."""
+        held, self.held = self.held, []
+        for fut, fn in held:
+            if fail is not None:
+                fut.set_exception(fail)
+            else:
+                self._run(fut, fn, "lookup")
+        return len(held)
+
     def close(self) -> None:
-        pass
+        self.closed = True
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Waiter:
+    """Stands in for concurrent.futures.wait: records each timeout; `during`
+    runs while it "waits" (e.g. a lookup lands); unless everything is then
+    done, the whole timeout passes on the fake clock."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.timeouts: List[float] = []
+        self.during: Optional[Callable[[], Any]] = None
+
+    def __call__(self, futures, timeout: float) -> None:
+        self.timeouts.append(timeout)
+        if self.during is not None:
+            self.during()
+        if all(f.done() for f in futures):
+            self.clock.t += timeout / 10
+        else:
+            self.clock.t += timeout
 
 
 class Req:
@@ -113,8 +175,10 @@ def ns(rank: int = 0, size: int = 1) -> dict:
 def make(tp: int = 1, **cfg):
     daemons = [FakeDaemon() for _ in range(tp)]
     links = [FakeLink(d) for d in daemons]
+    clock = Clock()
     side = SchedulerSide(ConnectorConfig(url="unix:///nowhere", **cfg), layout(),
-                           [ns(r, tp) for r in range(tp)], links)
+                           [ns(r, tp) for r in range(tp)], links, clock=clock,
+                           wait=Waiter(clock))
     return side, daemons, links
 
 
@@ -145,12 +209,16 @@ def test_lookup_caps_at_the_last_token_and_starts_after_the_local_hit() -> None:
     side, (d,), _ = make()
     store(d, 0, TOKENS, 4)
     r = Req("a", TOKENS)
-    assert side.get_num_new_matched_tokens(r, 0) == (96, False)   # not 128: last token
-    assert side.get_num_new_matched_tokens(r, 32) == (64, False)  # blocks 1..2 only
+    # all 4 blocks are held: every token but the last one (vLLM computes it)
+    assert side.get_num_new_matched_tokens(r, 0) == (127, False)
+    assert side.get_num_new_matched_tokens(r, 32) == (95, False)  # blocks 1..3
+    assert side.get_num_new_matched_tokens(r, 96) == (31, False)  # the last block only
     assert side.get_num_new_matched_tokens(Req("b", TOKENS + [1]), 0) == (128, False)
-    assert side.get_num_new_matched_tokens(Req("c", TOKENS[:32]), 0) == (0, False)
-    side.request_finished(r)
-    side.request_finished(Req("b", []))
+    assert side.get_num_new_matched_tokens(Req("c", TOKENS[:32]), 0) == (31, False)
+    assert side.get_num_new_matched_tokens(Req("d", TOKENS[:31]), 0) == (0, False)
+    assert side.get_num_new_matched_tokens(Req("e", TOKENS[:1]), 0) == (0, False)
+    for rid in "abcde":
+        side.request_finished(Req(rid, []))
     flush(side)
     assert not d.leases, "every lease is released"
 
@@ -326,3 +394,256 @@ def test_report_and_worker_disable() -> None:
         disabled={0: "layout mismatch"})))
     assert side.get_num_new_matched_tokens(Req("b", TOKENS), 0) == (0, False)
     assert side.build_connector_meta(output(b=128), lambda rid: [1, 2, 3, 4]).saves == []
+
+
+# ---- a full hit: every block loaded, vLLM computes one token
+
+def test_full_hit_loads_the_last_block_and_does_not_save_it_again() -> None:
+    side, (d,), _ = make(report=True)
+    keys = store(d, 0, TOKENS, 4)
+    r = Req("a", TOKENS)
+    assert side.get_num_new_matched_tokens(r, 0) == (127, False)
+    side.update_state_after_alloc(r, Blocks([10, 11, 12, 13]), 127)
+    r.num_computed_tokens = 127
+    meta = side.build_connector_meta(output(a=1), lambda rid: [10, 11, 12, 13])
+    (load,) = meta.loads
+    assert load.block_ids == (10, 11, 12, 13) and load.keys == (tuple(keys),)
+    assert meta.saves == [], "the loaded blocks are in the daemon already"
+    side.update_connector_output(done(load.load_id, 4))
+    r.num_computed_tokens = 128
+    r.all_token_ids.append(7)                   # decoding goes on: nothing to save yet
+    assert side.build_connector_meta(output(a=1), lambda rid: [10, 11, 12, 13, 14]).saves == []
+    rep = side.request_finished(r)["kvkeeper"]
+    assert rep["hit_tokens"] == 127
+    assert side.take_stats().data["hit_tokens"] == 127
+    flush(side)
+    assert d.leases == {}
+
+
+def test_full_hit_beyond_a_local_prefix_hit_loads_only_the_rest() -> None:
+    side, (d,), _ = make()
+    keys = store(d, 0, TOKENS, 4)
+    r = Req("a", TOKENS)
+    assert side.get_num_new_matched_tokens(r, 96) == (31, False)
+    side.update_state_after_alloc(r, Blocks([10, 11, 12, 13]), 31)
+    r.num_computed_tokens = 127
+    meta = side.build_connector_meta(output(a=1), lambda rid: [10, 11, 12, 13])
+    (load,) = meta.loads
+    assert load.block_ids == (13,) and load.keys == ((keys[3],),)
+    assert meta.saves == []
+
+
+def test_failed_load_of_the_last_block_is_recomputed_and_saved() -> None:
+    side, (d,), _ = make()
+    keys = store(d, 0, TOKENS, 4)
+    r = Req("a", TOKENS)
+    side.get_num_new_matched_tokens(r, 0)
+    side.update_state_after_alloc(r, Blocks([10, 11, 12, 13]), 127)
+    r.num_computed_tokens = 127
+    ids = lambda rid: [10, 11, 12, 13]  # noqa: E731
+    meta = side.build_connector_meta(output(a=1), ids)
+    # block 3 could not be loaded (evicted, say): vLLM rewinds to token 96
+    side.update_connector_output(done(meta.loads[0].load_id, good=3))
+    flush(side)
+    assert d.leases == {}
+    d.keys.discard(keys[3])
+    r.num_computed_tokens = 96
+    (save,) = side.build_connector_meta(output(a=32), ids).saves
+    assert save.block_ids == (13,) and save.keys == ((keys[3],),)
+
+
+def test_vllm_may_take_less_than_the_hit() -> None:
+    side, (d,), _ = make()
+    store(d, 0, TOKENS, 4)
+    r = Req("a", TOKENS)
+    assert side.get_num_new_matched_tokens(r, 0) == (127, False)
+    side.update_state_after_alloc(r, Blocks([10, 11, 12, 13]), 64)   # block-aligned by vLLM
+    r.num_computed_tokens = 64
+    meta = side.build_connector_meta(output(a=64), lambda rid: [10, 11, 12, 13])
+    assert meta.loads[0].block_ids == (10, 11)
+    assert [s.block_ids for s in meta.saves] == [(12, 13)]
+
+
+# ---- lookups that do not block the scheduler
+
+def hold(link: FakeLink) -> FakeLink:
+    link.hold = True
+    return link
+
+
+def test_lookup_starts_when_the_request_arrives_and_answers_when_it_lands() -> None:
+    side, (d,), (link,) = make()
+    hold(link)
+    store(d, 0, TOKENS, 3)
+    r = Req("a", TOKENS)
+    side.on_new_request(r)
+    assert len(link.held) == 1 and side.pending_lookups() == 1
+    assert side.get_num_new_matched_tokens(r, 0) == (None, False)
+    assert side.get_num_new_matched_tokens(r, 0) == (None, False)
+    assert link.submits == 1, "a pending lookup is never started twice"
+    link.land()
+    assert side.get_num_new_matched_tokens(r, 0) == (96, False)
+    assert side.pending_lookups() == 0 and side.held_leases() == 1
+    stats = side.take_stats().data
+    assert stats["lookups"] == 1 and "lookup_errors" not in stats
+
+
+def test_lookup_that_lands_while_waiting_answers_in_the_same_step() -> None:
+    side, (d,), (link,) = make()
+    hold(link)
+    store(d, 0, TOKENS, 4)
+    r = Req("a", TOKENS)
+    side._wait.during = link.land
+    assert side.get_num_new_matched_tokens(r, 0) == (127, False)   # no on_new_request: asked here
+    assert side._wait.timeouts == [0.005]
+
+
+def test_wait_budget_is_shared_by_a_step_and_zero_never_waits() -> None:
+    side, _, (link,) = make()
+    hold(link)
+    waiter = side._wait
+    r1, r2, r3 = Req("a", TOKENS), Req("b", TOKENS), Req("c", TOKENS)
+    for r in (r1, r2, r3):
+        side.on_new_request(r)
+    assert side.get_num_new_matched_tokens(r1, 0) == (None, False)
+    assert side.get_num_new_matched_tokens(r2, 0) == (None, False)
+    assert waiter.timeouts == [0.005], "the step's budget was spent on the first request"
+    side.build_connector_meta(output(), lambda rid: None)        # the next step
+    assert side.get_num_new_matched_tokens(r3, 0) == (None, False)
+    assert waiter.timeouts == [0.005, 0.005]
+    # a lookup close to its deadline waits no longer than the deadline, then misses
+    side.build_connector_meta(output(), lambda rid: None)
+    side._clock.t = side._reqs["a"].lookup.deadline - 0.001
+    assert side.get_num_new_matched_tokens(r1, 0) == (0, False)
+    assert waiter.timeouts[-1] == pytest.approx(0.001)
+
+    never, _, (link2,) = make(lookup_wait_s=0.0)
+    hold(link2)
+    r = Req("a", TOKENS)
+    assert never.get_num_new_matched_tokens(r, 0) == (None, False)
+    assert never._wait.timeouts == []
+    link2.land()
+    assert never.get_num_new_matched_tokens(r, 0) == (0, False)    # the daemon holds nothing
+
+
+def test_failed_or_late_lookup_is_a_miss_and_its_lease_is_released() -> None:
+    side, (d,), (link,) = make()
+    hold(link)
+    store(d, 0, TOKENS, 3)
+    r = Req("a", TOKENS)
+    side.on_new_request(r)
+    link.land(fail=UnavailableError("gone"))
+    assert side.get_num_new_matched_tokens(r, 0) == (0, False)
+    # not answered within kvkeeper_lookup_timeout_s: a miss, never "pending" forever
+    r2 = Req("b", TOKENS)
+    side.on_new_request(r2)
+    assert side.get_num_new_matched_tokens(r2, 0) == (None, False)
+    side._clock.t += side.cfg.lookup_timeout_s
+    assert side.get_num_new_matched_tokens(r2, 0) == (0, False)
+    assert side.pending_lookups() == 0
+    assert side.take_stats().data["lookup_errors"] == 2
+    link.land()                                   # the late answer took a lease...
+    flush(side)
+    assert d.leases == {} and len(d.released) == 1, "...released as it landed"
+
+
+def test_abort_while_the_lookup_is_pending_releases_the_lease_when_it_lands() -> None:
+    side, (d0, d1), links = make(tp=2)
+    store(d0, 0, TOKENS, 3, tp=2)
+    store(d1, 1, TOKENS, 3, tp=2)
+    for link in links:
+        hold(link)
+    r = Req("a", TOKENS)
+    side.on_new_request(r)
+    assert side.get_num_new_matched_tokens(r, 0) == (None, False)
+    assert side.request_finished(r) is None
+    assert side.pending_lookups() == 0
+    links[0].land()
+    links[1].land()
+    flush(side)
+    assert d0.leases == {} and d1.leases == {}
+    assert len(d0.released) == len(d1.released) == 1
+
+
+def test_tensor_parallel_answer_waits_for_every_rank() -> None:
+    side, (d0, d1), (l0, l1) = make(tp=2)
+    store(d0, 0, TOKENS, 3, tp=2)
+    store(d1, 1, TOKENS, 2, tp=2)
+    hold(l0), hold(l1)
+    r = Req("a", TOKENS)
+    side.on_new_request(r)
+    l0.land()
+    assert side.get_num_new_matched_tokens(r, 0) == (None, False)
+    l1.land(fail=UnavailableError("rank 1 down"))
+    assert side.get_num_new_matched_tokens(r, 0) == (0, False)
+    flush(side)
+    assert d0.leases == {}, "rank 0's lease is released when rank 1 failed"
+
+
+def test_preempted_request_is_looked_up_again_and_may_be_aborted_meanwhile() -> None:
+    side, (d,), (link,) = make()
+    keys = store(d, 0, TOKENS, 3)
+    r = Req("a", TOKENS + [5] * 10)
+    side.on_new_request(r)
+    assert side.get_num_new_matched_tokens(r, 0) == (96, False)
+    side.update_state_after_alloc(r, Blocks([1, 2, 3, 4, 5]), 96)
+    r.num_computed_tokens = 96
+    meta = side.build_connector_meta(output(a=42), lambda rid: [1, 2, 3, 4, 5])
+    side.update_connector_output(done(meta.loads[0].load_id, 3))
+    r.num_computed_tokens = 138
+    # preempted: vLLM frees its blocks and, to resume it, asks again from scratch
+    r.num_computed_tokens = 0
+    r.all_token_ids += [6] * 30                  # 168 tokens: 5 full blocks now
+    d.keys.update(chain_keys(namespace_seed(ns()), r.all_token_ids, BS)[3:4])   # it saved block 3
+    hold(link)
+    assert side.get_num_new_matched_tokens(r, 0) == (None, False)
+    assert side.get_num_new_matched_tokens(r, 0) == (None, False)
+    assert link.submits == 2 and len(link.held) == 1
+    link.land()
+    assert side.get_num_new_matched_tokens(r, 0) == (128, False)
+    assert d.leases and list(d.leases.values())[-1][:3] == keys
+    # not scheduled (no room), asked again, and aborted before the answer lands
+    assert side.get_num_new_matched_tokens(r, 0) == (None, False)
+    side.request_finished(r)
+    link.land()
+    flush(side)
+    assert d.leases == {} and side.held_leases() == 0
+
+
+def test_shutdown_does_not_wait_for_pending_lookups() -> None:
+    side, (d,), (link,) = make()
+    hold(link)
+    store(d, 0, TOKENS, 3)
+    r = Req("a", TOKENS)
+    side.on_new_request(r)
+    side.get_num_new_matched_tokens(r, 0)
+    side.shutdown()
+    assert link.closed and side.pending_lookups() == 0
+    link.land()    # lands after the shutdown: its lease goes with the closed session
+
+
+def test_no_lookup_for_what_cannot_load() -> None:
+    side, (d,), (link,) = make()
+    store(d, 0, TOKENS, 3)
+    side.on_new_request(Req("a", TOKENS, prompt_embeds=object()))
+    side.on_new_request(Req("b", TOKENS[:20]))      # no full block
+    r = Req("c", TOKENS)
+    r.skip_reading_prefix_cache = True
+    side.on_new_request(r)
+    assert link.submits == 0
+    assert side.get_num_new_matched_tokens(r, 0) == (0, False)
+    producer = SchedulerSide(ConnectorConfig(url="unix:///nowhere", load=False), layout(),
+                             [ns()], [link])
+    producer.on_new_request(Req("d", TOKENS))
+    assert link.submits == 0
+
+
+def test_lookup_wait_setting() -> None:
+    def parse(extra: dict) -> ConnectorConfig:
+        return ConnectorConfig.from_extra({"kvkeeper_url": "h:1", **extra}, None, env={})
+
+    assert parse({}).lookup_wait_s == 0.005
+    assert parse({"kvkeeper_lookup_wait_s": "0"}).lookup_wait_s == 0.0
+    assert parse({"kvkeeper_lookup_wait_s": 0.02}).lookup_wait_s == 0.02
+    with pytest.raises(ValueError, match="kvkeeper_lookup_wait_s"):
+        parse({"kvkeeper_lookup_wait_s": -1})
