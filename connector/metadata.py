@@ -16,8 +16,8 @@ Scheduler -> workers (KVKeeperConnectorMetadata, one per step):
 Keys are per TP rank (keys[rank]): every rank has its own namespace.
 
 Workers -> scheduler (KVKeeperWorkerMetadata): which loads finished and
-whether a rank found bad blocks, so the scheduler releases its lease at once
-(discarding corrupt blocks) instead of at the end of the request.
+which blocks a rank found corrupt, so the scheduler releases its lease at
+once (discarding those blocks) instead of at the end of the request.
 
 All of it is plain data: it is pickled between processes.
 """
@@ -38,6 +38,10 @@ class LoadSpec:
     keys: Tuple[Tuple[bytes, ...], ...]   # [tp_rank][i]: key of the i-th block to load
     block_ids: Tuple[int, ...]            # vLLM block receiving block i
     load_id: int = 0                      # names the load in KVKeeperWorkerMetadata
+    # vLLM computes the last token of the last block itself (a hit of every
+    # token but the prompt's last): this step's forward writes into that
+    # block, so the worker checks it before the forward runs.
+    recomputes_last: bool = False
 
     def num_blocks(self) -> int:
         return len(self.block_ids)
@@ -66,8 +70,9 @@ class KVKeeperConnectorMetadata(KVConnectorMetadata):
 
 @dataclass
 class KVKeeperWorkerMetadata(KVConnectorWorkerMetadata):
-    # load_id -> {tp_rank: (leading blocks loaded, True if a block was corrupt)}
-    loads_done: Dict[int, Dict[int, Tuple[int, bool]]] = field(default_factory=dict)
+    # load_id -> {tp_rank: (leading blocks loaded, indices in the LoadSpec of
+    # the blocks that failed their checksum: empty when none did)}
+    loads_done: Dict[int, Dict[int, Tuple[int, Tuple[int, ...]]]] = field(default_factory=dict)
     # tp_rank -> why that worker cannot load (its KV tensors do not match)
     disabled: Dict[int, str] = field(default_factory=dict)
 

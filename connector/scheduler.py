@@ -23,8 +23,8 @@ Timeline of one request (see the seed notes on UCM's, which this follows):
    block the step computes (prefill chunks and blocks filled by decoding)
    that is not known to be in the daemon yet (loaded blocks are).
 5. update_connector_output: the workers report each load done (and whether
-   a block was corrupt); the lease is released then (with discard=True for a
-   corrupt block, so the daemon drops it).
+   a block was corrupt); the lease is released then (discarding the corrupt
+   blocks, so the daemon drops them).
 6. request_finished: whatever lease is still held is released (abort,
    preemption, a load never reported), and a lookup still pending releases
    its lease when it lands. Saves never delay the free: workers copy a step's
@@ -159,12 +159,14 @@ class SchedulerSide:
     def _keys(self, st: _Req, rank: int, start: int, end: int) -> Tuple[bytes, ...]:
         return tuple(st.chains[rank].keys(st.request.all_token_ids, end)[start:end])
 
-    def _release(self, lease: Optional[_Lease], discard_ranks: Set[int] = frozenset()) -> None:
+    def _release(self, lease: Optional[_Lease],
+                 discard: Optional[Dict[int, Sequence[int]]] = None) -> None:
+        """Release every rank's lease; discard[rank]: lease positions to drop."""
         if lease is None:
             return
         for rank, lid in enumerate(lease.ids):
             if lid:
-                self.releasers[rank].release(lid, discard=rank in discard_ranks)
+                self.releasers[rank].release(lid, discard_indices=(discard or {}).get(rank, ()))
 
     def _drop_lease(self, st: _Req) -> None:
         lease, st.lease = st.lease, None
@@ -316,7 +318,8 @@ class SchedulerSide:
             except Exception:
                 targets = ()
         load = LoadSpec(req_id=request.request_id, keys=keys, block_ids=targets,
-                        load_id=self._next_load_id)
+                        load_id=self._next_load_id,
+                        recomputes_last=end % self.bs != 0 and n == -(-end // self.bs) - lease.start)
         self._next_load_id += 1
         self._pending_loads.append((request.request_id, load, lease))
         # The loaded blocks are in the daemon: not saved again (a failed load
@@ -391,19 +394,14 @@ class SchedulerSide:
             req_id, lease = entry
             st = self._reqs.get(req_id)
             good = min((g for g, _ in ranks.values()), default=0)
-            corrupt = {r for r, (_, bad) in ranks.items() if bad}
+            # The lease covers the request's blocks from 0 on: position = block index.
+            corrupt = {r: [lease.start + i for i in bad] for r, (_, bad) in ranks.items() if bad}
             if st is not None:
                 st.loads.discard(load_id)
-                if st.saved_blocks is not None:
-                    if corrupt:
-                        # Release(discard) drops every block of the lease (from
-                        # block 0 on): save them all again, the good ones from
-                        # what was loaded and the rest once vLLM has recomputed
-                        # them.
-                        st.saved_blocks = 0
-                    elif good < lease.blocks:
-                        # vLLM recomputes from the first block that failed.
-                        st.saved_blocks = min(st.saved_blocks, lease.start + good)
+                if st.saved_blocks is not None and good < lease.blocks:
+                    # vLLM recomputes from the first block that failed; the
+                    # corrupt ones are dropped below and saved again then.
+                    st.saved_blocks = min(st.saved_blocks, lease.start + good)
             self._release(lease, corrupt)
             if corrupt:
                 # Rare: let the discard reach the daemon before this request's

@@ -200,13 +200,15 @@ class _Saver:
 class _Fetched:
     """One LoadSpec after its Match: a lease and views of its blocks in the arena."""
 
-    __slots__ = ("spec", "lease_id", "n", "sources", "sums", "good", "bad")
+    __slots__ = ("spec", "lease_id", "n", "copy_n", "sources", "sums", "checked", "good", "bad")
 
     def __init__(self, spec: LoadSpec, lease_id: int, n: int,
                  sources: List[torch.Tensor], sums: List[Tuple[int, int]]) -> None:
         self.spec = spec
         self.lease_id = lease_id
         self.n = n                      # blocks to copy in: the leading matched ones
+        self.copy_n = n                 # of those, copied by the step's copy job
+        self.checked: Dict[int, bool] = {}   # blocks copied and checked already
         self.sources: Optional[List[torch.Tensor]] = sources
         self.sums = sums                # (algo, checksum) per block, as committed
         self.good = 0                   # leading blocks copied in and checked
@@ -317,7 +319,7 @@ class WorkerSide:
         loads = list(meta.loads)
         if not self.usable:
             for spec in loads:
-                self._finish_load(spec, 0, False)
+                self._finish_load(spec, 0)
             return
         self.timings = {}
         t0 = time.perf_counter()
@@ -329,7 +331,7 @@ class WorkerSide:
             fut.cancel()
             log.warning("kvkeeper: fetching %d load(s) failed: %s", len(loads), e)
             for spec in loads:
-                self._finish_load(spec, 0, False)
+                self._finish_load(spec, 0)
             if not isinstance(e, Exception):
                 raise
             return
@@ -377,7 +379,7 @@ class WorkerSide:
             self.timings["check_wait"] = time.perf_counter() - t
         for f in step.fetched:
             good = 0 if step.abandoned else f.good
-            self._finish_load(f.spec, good, bool(f.bad))
+            self._finish_load(f.spec, good, f.bad)
 
     def _io_wait_s(self) -> float:
         cfg = self.cfg
@@ -390,9 +392,9 @@ class WorkerSide:
         if step is not None:
             step.abandoned = True
         for spec in getattr(meta, "loads", None) or ():
-            self._finish_load(spec, 0, False)
+            self._finish_load(spec, 0)
 
-    def _finish_load(self, spec: LoadSpec, good: int, corrupt: bool) -> None:
+    def _finish_load(self, spec: LoadSpec, good: int, bad: Sequence[int] = ()) -> None:
         n = spec.num_blocks()
         if good < n:
             self._invalid.update(spec.block_ids[good:])
@@ -401,7 +403,7 @@ class WorkerSide:
         if good and self.layout is not None:
             self.counters.inc("loaded_blocks", good)
             self.counters.inc("loaded_bytes", good * self.layout.block_bytes)
-        self._loads_done.setdefault(spec.load_id, {})[self.rank] = (good, corrupt)
+        self._loads_done.setdefault(spec.load_id, {})[self.rank] = (good, tuple(bad))
 
     # -- on the I/O thread
 
@@ -415,7 +417,7 @@ class WorkerSide:
             except Exception as e:  # noqa: BLE001 - never into vLLM: recompute instead
                 log.warning("kvkeeper: loading %d block(s) of %s failed: %s", spec.num_blocks(),
                             spec.req_id, e, exc_info=not isinstance(e, KVKeeperClientError))
-                self._finish_load(spec, 0, False)
+                self._finish_load(spec, 0)
                 continue
             if f is not None:
                 out.append(f)
@@ -426,28 +428,40 @@ class WorkerSide:
         keys = list(spec.keys[self.rank]) if self.rank < len(spec.keys) else []
         n = spec.num_blocks()
         if not keys or len(keys) != n:
-            self._finish_load(spec, 0, False)
+            self._finish_load(spec, 0)
             return None
         res = self.link.call(lambda c: c.match(keys, lease=True, blocks=True), "load")
         if not res.matched or not res.lease_id:
-            self._finish_load(spec, 0, False)
+            self._finish_load(spec, 0)
             return None
         m = min(res.matched, n)
+        staged = False   # _load_staged releases the lease itself
         try:
             views = None
             if len(res.blocks) >= m:
                 views = self.link.call(lambda c: c.arena_views(res.blocks[:m]), "load")
             if views is None:
-                good, corrupt = self._load_staged(spec, res.lease_id, res.matched, m)
-                self._finish_load(spec, good, corrupt)
+                staged = True
+                good, bad = self._load_staged(spec, res.lease_id, res.matched, m)
+                self._finish_load(spec, good, bad)
                 return None
             sources = [_whole_block(v, self.codec.block_bytes) for v in views]
+            sums = [(b.checksum_algo, b.checksum) for b in res.blocks[:m]]
+            f = _Fetched(spec, res.lease_id, m, sources, sums)
+            if spec.recomputes_last and m == n:
+                # The forward writes the prompt's last token into this block, and
+                # its recomputed KV may differ from the stored one in the last
+                # bits: copy and check the block before the forward, not beside it.
+                last = m - 1
+                for i in range(self.codec.num_layers):
+                    self.codec.copy_layer_in(i, spec.block_ids[last:m], sources[last:m])
+                f.checked[last] = self._block_ok(spec.block_ids[last], sums[last])
+                f.copy_n = last
+            return f
         except BaseException:
-            if self.releaser is not None:
+            if not staged and self.releaser is not None:
                 self.releaser.release(res.lease_id)
             raise
-        sums = [(b.checksum_algo, b.checksum) for b in res.blocks[:m]]
-        return _Fetched(spec, res.lease_id, m, sources, sums)
 
     def _copy_and_check(self, step: "_StepLoads") -> None:
         """Copy every fetched block in, layer by layer, then check them."""
@@ -457,8 +471,9 @@ class WorkerSide:
         try:
             for i, name in enumerate(codec.layer_names):
                 for f in step.fetched:
-                    if f.sources:
-                        codec.copy_layer_in(i, f.spec.block_ids[:f.n], f.sources)
+                    if f.sources and f.copy_n:
+                        codec.copy_layer_in(i, f.spec.block_ids[:f.copy_n],
+                                            f.sources[:f.copy_n])
                 ev = step.layer_done.get(name)
                 if ev is not None:
                     ev.set()
@@ -487,20 +502,9 @@ class WorkerSide:
 
     def _check(self, f: "_Fetched") -> None:
         """Checksum the blocks as they are in the KV cache; f.good = leading good ones."""
-        codec = self.codec
-        assert codec is not None
-        if self.cfg is None or self.cfg.checksum == "none":
-            f.good = f.n
-            return
-        bad: List[int] = []
-        for i in range(f.n):
-            algo, want = f.sums[i]
-            fn = ALGOS.get(algo)
-            if fn is None:   # stored without a checksum (or one this process lacks)
-                continue
-            have = codec.block_checksum(f.spec.block_ids[i], fn, algo == pb.CHECKSUM_CRC32)
-            if have != want:
-                bad.append(i)
+        bad = [i for i in range(f.n)
+               if not f.checked.get(i, True) or
+               (i not in f.checked and not self._block_ok(f.spec.block_ids[i], f.sums[i]))]
         f.bad = bad
         f.good = bad[0] if bad else f.n
         if bad:
@@ -508,10 +512,19 @@ class WorkerSide:
             log.warning("kvkeeper: %d block(s) of %s failed their checksum; they are dropped "
                         "from the daemon and recomputed", len(bad), f.spec.req_id)
 
+    def _block_ok(self, block_id: int, expected: Tuple[int, int]) -> bool:
+        """Whether vLLM block `block_id` matches the checksum it was committed with."""
+        assert self.codec is not None
+        algo, want = expected
+        fn = ALGOS.get(algo)
+        if fn is None or self.cfg is None or self.cfg.checksum == "none":
+            return True   # stored without a checksum (or one this process lacks), or off
+        return self.codec.block_checksum(block_id, fn, algo == pb.CHECKSUM_CRC32) == want
+
     def _load_staged(self, spec: LoadSpec, lease_id: int, matched: int,
-                     n: int) -> Tuple[int, bool]:
+                     n: int) -> Tuple[int, List[int]]:
         """Stream the lease into a staging tensor (checked by the client), copy
-        it in; (leading blocks now in the KV cache, found corrupt)."""
+        it in; (leading blocks now in the KV cache, positions found corrupt)."""
         assert self.link is not None and self.codec is not None
         bad: List[int] = []
         try:
@@ -535,7 +548,7 @@ class WorkerSide:
         finally:
             if self.releaser is not None:
                 self.releaser.release(lease_id, discard_indices=bad)
-        return good, bool(bad)
+        return good, bad
 
     def take_load_errors(self) -> Set[int]:
         self._settle()

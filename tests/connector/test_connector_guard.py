@@ -143,7 +143,7 @@ def test_exceptions_in_hooks_become_safe_answers(caplog: pytest.LogCaptureFixtur
         loads=[LoadSpec("r", ((b"k" * 32,) * 2,), (3, 4), load_id=9)]))
     w.start_load_kv(None)
     assert w.get_block_ids_with_load_errors() == {3, 4}
-    assert w.build_connector_worker_meta().loads_done == {9: {0: (0, False)}}
+    assert w.build_connector_worker_meta().loads_done == {9: {0: (0, ())}}
     w.wait_for_save()
     w.clear_connector_metadata()
     w.worker_side.start_load_kv = boom

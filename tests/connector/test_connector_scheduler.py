@@ -197,9 +197,9 @@ def output(**sched) -> SimpleNamespace:
     return SimpleNamespace(num_scheduled_tokens=sched, scheduled_spec_decode_tokens={})
 
 
-def done(load_id: int, good: int, corrupt: bool = False, rank: int = 0):
+def done(load_id: int, good: int, bad: Sequence[int] = (), rank: int = 0):
     return SimpleNamespace(kv_connector_worker_meta=KVKeeperWorkerMetadata(
-        loads_done={load_id: {rank: (good, corrupt)}}))
+        loads_done={load_id: {rank: (good, tuple(bad))}}))
 
 
 TOKENS = list(range(10, 10 + 128))   # 4 full blocks
@@ -261,16 +261,17 @@ def test_corrupt_block_is_discarded_and_saved_again_after_recompute() -> None:
     meta = side.build_connector_meta(output(a=42), lambda rid: [40, 41, 42, 43, 44])
     r.num_computed_tokens = 138
     # block 1 failed its checksum: vLLM rewinds to token 32 and recomputes
-    side.update_connector_output(done(meta.loads[0].load_id, good=1, corrupt=True))
+    side.update_connector_output(done(meta.loads[0].load_id, good=1, bad=[1]))
     flush(side)
-    assert d.released == [(1, True)]
-    assert keys[1] not in d.keys and keys[0] not in d.keys  # the whole lease was discarded
+    assert d.released == [(1, False)]
+    assert keys[1] not in d.keys and keys[0] in d.keys and keys[2] in d.keys, \
+        "only the corrupt block is dropped"
     r.num_computed_tokens = 32
     meta2 = side.build_connector_meta(output(a=106), lambda rid: [40, 41, 42, 43, 44])
-    # the discard dropped the whole lease: blocks 0.. are saved again (block 3
-    # was not in the lease and is skipped by the daemon: present)
+    # blocks 1.. are saved again: block 1 is stored anew, 2 is skipped by the
+    # daemon (present), 3 was never stored
     (save,) = meta2.saves
-    assert save.block_ids == (40, 41, 42, 43) and save.keys[0][:3] == tuple(keys)
+    assert save.block_ids == (41, 42, 43) and save.keys[0][:2] == tuple(keys[1:])
 
 
 def test_abort_before_the_load_releases_the_lease() -> None:

@@ -85,10 +85,12 @@ def save(w, ks, block_ids) -> None:
     assert w.flush(10.0)
 
 
-def load(w, ks, block_ids, load_id: int = 1):
+def load(w, ks, block_ids, load_id: int = 1, during_forward=None, **spec):
     meta = KVKeeperConnectorMetadata(loads=[LoadSpec("r", (tuple(ks),), tuple(block_ids),
-                                                               load_id=load_id)])
+                                                               load_id=load_id, **spec)])
     w.start_load_kv(meta)
+    if during_forward is not None:
+        during_forward()
     for name in ("l0", "l1"):   # as the attention layers do, in order
         w.wait_for_layer_load(name)
     errors = w.take_load_errors()
@@ -107,7 +109,7 @@ def test_saved_blocks_load_into_other_block_ids(daemon: DaemonProcess, transport
         save(a, ks, [4, 7, 1])
         assert daemon.stats().tiers[0].blocks == 3
         errors, wm = load(b, ks, [0, 9, 5])
-        assert errors == set() and wm.loads_done == {1: {0: (3, False)}}
+        assert errors == set() and wm.loads_done == {1: {0: (3, ())}}
         for name in ("l0", "l1"):
             for s, d in ((4, 0), (7, 9), (1, 5)):
                 assert torch.equal(dst[name][d], src[name][s])
@@ -132,7 +134,7 @@ def test_missing_blocks_are_reported_from_the_first_gap(daemon: DaemonProcess,
         ks = keys(4, salt=1)
         save(a, ks[:2], [0, 1])           # blocks 2 and 3 never stored
         errors, wm = load(b, ks, [5, 6, 7, 8])
-        assert errors == {7, 8} and wm.loads_done == {1: {0: (2, False)}}
+        assert errors == {7, 8} and wm.loads_done == {1: {0: (2, ())}}
         assert torch.equal(dst["l0"][5], src["l0"][0]) and torch.equal(dst["l1"][7], before["l1"][7])
     finally:
         a.shutdown()
@@ -148,7 +150,7 @@ def test_a_corrupt_block_is_reported_and_dropped(daemon: DaemonProcess, placemen
         corrupt_stored_block(daemon.socket_path, namespace(), ks[1])
         errors, wm = load(b, ks, [3, 4, 5])
         assert errors == {4, 5}, "the corrupt block and every block after it"
-        assert wm.loads_done == {1: {0: (1, True)}}
+        assert wm.loads_done == {1: {0: (1, (1,))}}
         assert b.take_stats().data["checksum_errors"] == 1
         # the worker released with discard_indices=[1] and nobody else holds
         # it: that block alone is dropped
@@ -168,7 +170,7 @@ def test_daemon_down_means_every_block_recomputed_and_saves_dropped(daemon: Daem
         daemon.kill()
         t = time.monotonic()
         errors, wm = load(a, ks, [2, 3])
-        assert errors == {2, 3} and wm.loads_done == {1: {0: (0, False)}}
+        assert errors == {2, 3} and wm.loads_done == {1: {0: (0, ())}}
         save(a, keys(2, salt=4), [0, 1])
         errors, _ = load(a, ks, [2, 3], load_id=2)
         assert errors == {2, 3}
@@ -234,5 +236,32 @@ def test_queued_saves_are_copied_out_before_vllm_reuses_their_blocks(
             assert torch.equal(dst[name][2], original[name][6])
     finally:
         gate.set()
+        a.shutdown()
+        b.shutdown()
+
+
+def test_the_block_the_forward_writes_into_is_checked_before_the_forward(
+        daemon: DaemonProcess, placement: str) -> None:
+    """A hit of every token but the prompt's last loads the last block whole and
+    vLLM writes that token's KV into it during the forward, values that may
+    differ from the stored ones in the last bits: the block must be checked
+    before the forward, or a good hit would look corrupt."""
+    src, dst = tensors(1), tensors(2)
+    a, b = worker(daemon.url, src), worker(daemon.url, dst)
+    try:
+        ks = keys(3, salt=9)
+        save(a, ks, [0, 1, 2])
+
+        def forward_writes_last_token() -> None:
+            for name in ("l0", "l1"):   # in before start_load_kv returned
+                assert torch.equal(dst[name][7], src[name][2])
+            for t in dst.values():
+                t[7, :, BS - 1, :] += 1e-6
+
+        errors, wm = load(b, ks, [5, 6, 7], recomputes_last=True,
+                          during_forward=forward_writes_last_token)
+        assert errors == set() and wm.loads_done == {1: {0: (3, ())}}
+        assert torch.equal(dst["l0"][5], src["l0"][0]) and torch.equal(dst["l1"][6], src["l1"][1])
+    finally:
         a.shutdown()
         b.shutdown()
