@@ -188,8 +188,10 @@ class BlockCodec:
         shape = (t.shape[1], layer.split, layer.kernel_tokens, t.shape[3])
         for bid, src in zip(block_ids, sources):
             part = src[layer.offset:layer.offset + lb].view(t.dtype).view(shape)
-            # logical [H, split, Nk, C] -> the kernel blocks' [split, H, Nk, C]
-            self._block_slice(layer, bid).copy_(part.permute(1, 0, 2, 3))
+            # logical [H, split, Nk, C] -> the kernel blocks' [split, H, Nk, C];
+            # with one kernel block the same bytes in order (a plain copy).
+            part = part.view(1, *t.shape[1:]) if layer.split == 1 else part.permute(1, 0, 2, 3)
+            self._block_slice(layer, bid).copy_(part)
 
     def block_checksum(self, block_id: int, algo: Callable[[Any], int],
                        crc32: bool) -> int:

@@ -16,6 +16,7 @@
 | kvkeeper_transport | auto | auto (shared memory on the daemon's host, else streaming), shm, stream |
 | kvkeeper_checksum | crc32 | crc32 or none |
 | kvkeeper_model_id / kvkeeper_model_revision | from vLLM | override the namespace's model identity |
+| kvkeeper_load_overlap | auto | where loaded blocks are copied in and checked. on: on a connector thread on the cores vLLM's CPU backend leaves to the rest of the engine, layer by layer beside the forward; off: before the forward, in vLLM's thread; auto: on when at least 2 such cores exist (with one, the engine core's busy polling shares it and "off" measured faster) |
 | kvkeeper_max_pending_save_mib | 256 | copied-out blocks waiting to be sent; beyond, saves are dropped |
 | kvkeeper_recompute_on_load_failure | true | set vLLM's kv_load_failure_policy to "recompute" (a cache miss must not fail a request) |
 | kvkeeper_report | false | add {"kvkeeper": {...}} (hit tokens, saved blocks, namespace) to each request's kv_transfer_params |
@@ -74,6 +75,7 @@ class ConnectorConfig:
     model_id: Optional[str] = None
     model_revision: Optional[str] = None
     max_pending_save_bytes: int = 256 << 20
+    load_overlap: str = "auto"
     recompute_on_load_failure: bool = True
     report: bool = False
     load: bool = True
@@ -99,6 +101,9 @@ class ConnectorConfig:
         checksum = str(extra.get("kvkeeper_checksum", "crc32"))
         if checksum not in ("crc32", "none"):
             raise ValueError(f"kvkeeper_checksum must be crc32 or none, got {checksum!r}")
+        overlap = str(extra.get("kvkeeper_load_overlap", "auto"))
+        if overlap not in ("auto", "on", "off"):
+            raise ValueError(f"kvkeeper_load_overlap must be auto, on or off, got {overlap!r}")
         retries = int(extra.get("kvkeeper_max_retries", 1))
         if retries < 0:
             raise ValueError(f"kvkeeper_max_retries must be >= 0, got {retries}")
@@ -123,6 +128,7 @@ class ConnectorConfig:
             model_revision=None if revision is None else str(revision),
             max_pending_save_bytes=int(_pos(extra.get("kvkeeper_max_pending_save_mib", 256),
                                             "kvkeeper_max_pending_save_mib") * (1 << 20)),
+            load_overlap=overlap,
             recompute_on_load_failure=_bool(extra.get("kvkeeper_recompute_on_load_failure", True),
                                             "kvkeeper_recompute_on_load_failure"),
             report=_bool(extra.get("kvkeeper_report", False), "kvkeeper_report"),
@@ -135,5 +141,5 @@ _KEYS = {"kvkeeper_url", "kvkeeper_lookup_timeout_s", "kvkeeper_lookup_wait_s",
          "kvkeeper_io_timeout_s",
          "kvkeeper_max_retries", "kvkeeper_reconnect_min_s", "kvkeeper_reconnect_max_s",
          "kvkeeper_transport", "kvkeeper_checksum", "kvkeeper_model_id",
-         "kvkeeper_model_revision", "kvkeeper_max_pending_save_mib",
+         "kvkeeper_model_revision", "kvkeeper_max_pending_save_mib", "kvkeeper_load_overlap",
          "kvkeeper_recompute_on_load_failure", "kvkeeper_report"}

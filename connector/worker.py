@@ -5,9 +5,10 @@ this worker's own lease, in one round trip that also returns where the
 blocks lie in the daemon's shared-memory arena (Match with blocks=True).
 The blocks are then copied straight from the arena into the paged KV
 tensors, layer by layer, and each block's checksum is computed over the
-bytes that landed in the KV cache. Where vLLM left the worker a spare core
-(the CPU backend reserves one for the rest of the engine, see cpus.py) the
-copies and checks run on a connector thread there: wait_for_layer_load(l)
+bytes that landed in the KV cache. Where vLLM left spare cores (the CPU
+backend reserves some for the rest of the engine, see cpus.py; with
+kvkeeper_load_overlap "auto" at least two, since the engine core busy-polls
+one) the copies and checks run on a connector thread there: wait_for_layer_load(l)
 waits only for layer l, so attention on the first layers runs while later
 ones are copied, and the checksums are checked while the forward runs.
 vLLM takes the load errors after the forward (get_block_ids_with_load_errors)
@@ -281,7 +282,9 @@ class WorkerSide:
         except LayoutMismatch as e:
             self.disable(f"the KV tensors do not match the layout derived from the config: {e}")
             return
-        self._overlap = bool(spare_cpus())
+        spare = len(spare_cpus())
+        mode = self.cfg.load_overlap
+        self._overlap = spare >= 1 if mode == "on" else (mode == "auto" and spare >= 2)
         if self.link is not None:
             # Connect from the I/O thread, so that the client's threads run where it does.
             ready = self._io().submit(self._connect)
@@ -323,12 +326,16 @@ class WorkerSide:
             return
         self.timings = {}
         t0 = time.perf_counter()
-        timeout = self._io_wait_s()
-        fut = self._io().submit(self._fetch_all, loads)
+        fut: "Optional[Future[List[_Fetched]]]" = None
         try:
-            fetched = fut.result(timeout=timeout)
+            if self._overlap:
+                fut = self._io().submit(self._fetch_all, loads)
+                fetched = fut.result(timeout=self._io_wait_s())
+            else:   # nothing to gain from the hop: the RPC is waited for anyway
+                fetched = self._fetch_all(loads)
         except BaseException as e:
-            fut.cancel()
+            if fut is not None:
+                fut.cancel()
             log.warning("kvkeeper: fetching %d load(s) failed: %s", len(loads), e)
             for spec in loads:
                 self._finish_load(spec, 0)

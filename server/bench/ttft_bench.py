@@ -334,12 +334,15 @@ class Bench:
                   "--max-model-len", str(MAX_MODEL_LEN)]
         if self.s.in_process:
             common.append("--in-process")
+        # For A/B runs of connector settings: extra kv_connector_extra_config (JSON).
+        kvk_extra = ["--extra", os.environ["KVKEEPER_BENCH_CONNECTOR_EXTRA"]] \
+            if os.environ.get("KVKEEPER_BENCH_CONNECTOR_EXTRA") else []
         specs = {
             "recompute": ["--connector", "none"],
             "kvk-a": ["--connector", "kvkeeper", "--url", self.daemon.url,
-                      "--timings", os.path.join(self.tmp, "timings-kvk-a.jsonl")],
+                      "--timings", os.path.join(self.tmp, "timings-kvk-a.jsonl"), *kvk_extra],
             "kvk-b": ["--connector", "kvkeeper", "--url", self.daemon.url,
-                      "--timings", os.path.join(self.tmp, "timings-kvk-b.jsonl")],
+                      "--timings", os.path.join(self.tmp, "timings-kvk-b.jsonl"), *kvk_extra],
             "example": ["--connector", "example", "--storage", storage,
                         "--timings", os.path.join(self.tmp, "timings-example.jsonl")],
         }

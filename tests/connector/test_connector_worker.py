@@ -60,7 +60,7 @@ def placement(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     checks run on the I/O thread while wait_for_layer_load paces the layers."""
     import kvkeeper.connector.worker as worker_mod
 
-    cpus = frozenset({0}) if request.param == "beside" else frozenset()
+    cpus = frozenset({0, 1}) if request.param == "beside" else frozenset()
     monkeypatch.setattr(worker_mod, "spare_cpus", lambda: cpus)
     return request.param
 
@@ -265,3 +265,18 @@ def test_the_block_the_forward_writes_into_is_checked_before_the_forward(
     finally:
         a.shutdown()
         b.shutdown()
+
+
+@pytest.mark.parametrize("spare,mode,beside", [(0, "auto", False), (1, "auto", False),
+                                               (2, "auto", True), (1, "on", True),
+                                               (0, "on", False), (4, "off", False)])
+def test_where_loads_are_copied(daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch,
+                                spare: int, mode: str, beside: bool) -> None:
+    import kvkeeper.connector.worker as worker_mod
+
+    monkeypatch.setattr(worker_mod, "spare_cpus", lambda: frozenset(range(spare)))
+    w = worker(daemon.url, tensors(1), load_overlap=mode)
+    try:
+        assert w._overlap is beside
+    finally:
+        w.shutdown()
