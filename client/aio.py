@@ -250,6 +250,13 @@ class AsyncClient:
         return "shm" if self._mapping is not None else "stream"
 
     @property
+    def arena_id(self) -> Optional[bytes]:
+        """The id of the arena this client has mapped (None: streaming). Block
+        refs from another process's Match are only meaningful in the same arena."""
+        m = self._mapping
+        return m.arena_id if m is not None else None
+
+    @property
     def closed(self) -> bool:
         return self._closed
 

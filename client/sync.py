@@ -165,6 +165,10 @@ class Client:
         return self._aclient.transport
 
     @property
+    def arena_id(self) -> Optional[bytes]:
+        return self._aclient.arena_id
+
+    @property
     def closed(self) -> bool:
         return self._closed
 

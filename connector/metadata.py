@@ -2,7 +2,8 @@
 
 Scheduler -> workers (KVKeeperConnectorMetadata, one per step):
   loads: blocks the scheduler promised vLLM (a hit), by key, and the vLLM
-         block ids that receive them; the worker loads them before the forward.
+         block ids that receive them, with where they lie in the daemon's
+         shared memory; the worker loads them before the forward.
   saves: full blocks that this step computes, by key, and their vLLM block
          ids; after the forward the worker queues them: a connector thread
          copies them out of the KV cache and stores them.
@@ -24,7 +25,7 @@ All of it is plain data: it is pickled between processes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorMetadata,
                                                                KVConnectorWorkerMetadata)
@@ -42,6 +43,12 @@ class LoadSpec:
     # token but the prompt's last): this step's forward writes into that
     # block, so the worker checks it before the forward runs.
     recomputes_last: bool = False
+    # Where the blocks lie in the daemon's shared memory, per TP rank, from
+    # the scheduler's leased Match (its lease keeps them there until the
+    # worker reports the load): the worker copies them without an RPC of its
+    # own when it maps the same arena (arena_ids[rank]). Empty: Match itself.
+    refs: Tuple[Tuple[Any, ...], ...] = ()      # [tp_rank][i]: kvkeeper_pb2.BlockRef
+    arena_ids: Tuple[Optional[bytes], ...] = ()
 
     def num_blocks(self) -> int:
         return len(self.block_ids)

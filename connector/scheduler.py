@@ -87,6 +87,8 @@ class _Lease:
     #                            lease itself covers blocks from 0 on
     blocks: int                # blocks from `start` on matched on every rank
     computed: int = 0          # tokens vLLM had already (the hit is counted after them)
+    refs: List[Sequence[Any]] = field(default_factory=list)   # per rank: BlockRefs from block 0
+    arenas: List[Optional[bytes]] = field(default_factory=list)   # per rank: the refs' arena
 
 
 @dataclass
@@ -187,7 +189,7 @@ class SchedulerSide:
         futures = []
         for rank, link in enumerate(self.links):
             keys = list(self._keys(st, rank, 0, limit))
-            futures.append(link.submit(lambda c, keys=keys: c.match(keys, lease=True), "lookup"))
+            futures.append(link.submit(lambda c, keys=keys: _match(c, keys), "lookup"))
         st.lookup = _Lookup(futures, limit, self._clock() + self.cfg.lookup_timeout_s)
         return True
 
@@ -203,7 +205,7 @@ class SchedulerSide:
         # Runs on the link's thread (or here, if already done).
         if fut.cancelled() or fut.exception() is not None:
             return
-        self.releasers[rank].release(getattr(fut.result(), "lease_id", None))
+        self.releasers[rank].release(getattr(fut.result()[0], "lease_id", None))
 
     def _wait_for(self, lk: _Lookup) -> None:
         budget = min(self._wait_left, lk.deadline - self._clock())
@@ -218,16 +220,20 @@ class SchedulerSide:
         ids: List[Optional[int]] = []
         matched = lk.limit
         error: Optional[BaseException] = None
+        refs: List[Sequence[Any]] = []
+        arenas: List[Optional[bytes]] = []
         for fut in lk.futures:
             try:
-                res = fut.result()
+                res, arena = fut.result()
             except Exception as e:
                 error = error or e
                 ids.append(None)
                 continue
             ids.append(res.lease_id)
+            refs.append(res.blocks)
+            arenas.append(arena)
             matched = min(matched, res.matched)
-        lease = _Lease(ids, 0, 0)
+        lease = _Lease(ids, 0, 0, refs=refs, arenas=arenas)
         if error is not None:
             self._release(lease)
             self.counters.inc("lookup_errors")
@@ -317,8 +323,12 @@ class SchedulerSide:
                 targets = tuple(list(blocks.get_block_ids()[0])[lease.start:lease.start + n])
             except Exception:
                 targets = ()
+        refs: Tuple[Tuple[Any, ...], ...] = ()
+        if len(lease.refs) == len(self.links) and \
+                all(len(r) >= lease.start + n for r in lease.refs):
+            refs = tuple(tuple(r[lease.start:lease.start + n]) for r in lease.refs)
         load = LoadSpec(req_id=request.request_id, keys=keys, block_ids=targets,
-                        load_id=self._next_load_id,
+                        load_id=self._next_load_id, refs=refs, arena_ids=tuple(lease.arenas),
                         recomputes_last=end % self.bs != 0 and n == -(-end // self.bs) - lease.start)
         self._next_load_id += 1
         self._pending_loads.append((request.request_id, load, lease))
@@ -460,6 +470,12 @@ class SchedulerSide:
 
 def _wait_all(futures: Sequence[Future[Any]], timeout: float) -> None:
     concurrent.futures.wait(futures, timeout=timeout)
+
+
+def _match(client: Any, keys: List[bytes]) -> Tuple[Any, Optional[bytes]]:
+    """Leased Match that also returns where the blocks lie in shared memory
+    (for the worker, which then needs no RPC of its own), and which arena."""
+    return client.match(keys, lease=True, blocks=True), getattr(client, "arena_id", None)
 
 
 def _without_io(cfg: ConnectorConfig) -> ConnectorConfig:

@@ -203,7 +203,7 @@ class _Fetched:
 
     __slots__ = ("spec", "lease_id", "n", "copy_n", "sources", "sums", "checked", "good", "bad")
 
-    def __init__(self, spec: LoadSpec, lease_id: int, n: int,
+    def __init__(self, spec: LoadSpec, lease_id: Optional[int], n: int,
                  sources: List[torch.Tensor], sums: List[Tuple[int, int]]) -> None:
         self.spec = spec
         self.lease_id = lease_id
@@ -437,6 +437,9 @@ class WorkerSide:
         if not keys or len(keys) != n:
             self._finish_load(spec, 0)
             return None
+        f = self._fetch_by_refs(spec)
+        if f is not None:
+            return f
         res = self.link.call(lambda c: c.match(keys, lease=True, blocks=True), "load")
         if not res.matched or not res.lease_id:
             self._finish_load(spec, 0)
@@ -452,23 +455,47 @@ class WorkerSide:
                 good, bad = self._load_staged(spec, res.lease_id, res.matched, m)
                 self._finish_load(spec, good, bad)
                 return None
-            sources = [_whole_block(v, self.codec.block_bytes) for v in views]
-            sums = [(b.checksum_algo, b.checksum) for b in res.blocks[:m]]
-            f = _Fetched(spec, res.lease_id, m, sources, sums)
-            if spec.recomputes_last and m == n:
-                # The forward writes the prompt's last token into this block, and
-                # its recomputed KV may differ from the stored one in the last
-                # bits: copy and check the block before the forward, not beside it.
-                last = m - 1
-                for i in range(self.codec.num_layers):
-                    self.codec.copy_layer_in(i, spec.block_ids[last:m], sources[last:m])
-                f.checked[last] = self._block_ok(spec.block_ids[last], sums[last])
-                f.copy_n = last
-            return f
+            return self._fetched(spec, res.lease_id, res.blocks[:m], views)
         except BaseException:
             if not staged and self.releaser is not None:
                 self.releaser.release(res.lease_id)
             raise
+
+    def _fetch_by_refs(self, spec: LoadSpec) -> Optional["_Fetched"]:
+        """The load without an RPC: the scheduler's leased Match said where the
+        blocks lie, and its lease keeps them there until this load is
+        reported. None when that cannot be used here (no refs, another arena)."""
+        refs = spec.refs[self.rank] if self.rank < len(spec.refs) else ()
+        arena = spec.arena_ids[self.rank] if self.rank < len(spec.arena_ids) else None
+        if not refs or len(refs) != spec.num_blocks() or arena is None:
+            return None
+        assert self.link is not None
+
+        def views(c: Any) -> Optional[List[List[memoryview]]]:
+            return c.arena_views(refs) if c.arena_id == arena else None
+
+        v = self.link.call(views, "load")
+        return self._fetched(spec, None, refs, v) if v is not None else None
+
+    def _fetched(self, spec: LoadSpec, lease_id: Optional[int], refs: Sequence[Any],
+                 views: List[List[memoryview]]) -> "_Fetched":
+        """A load ready to copy: its blocks' arena views, and the last block
+        already copied and checked if the forward writes into it."""
+        assert self.codec is not None
+        m = len(refs)
+        sources = [_whole_block(v, self.codec.block_bytes) for v in views]
+        sums = [(b.checksum_algo, b.checksum) for b in refs]
+        f = _Fetched(spec, lease_id, m, sources, sums)
+        if spec.recomputes_last and m == spec.num_blocks():
+            # The forward writes the prompt's last token into this block, and
+            # its recomputed KV may differ from the stored one in the last
+            # bits: copy and check the block before the forward, not beside it.
+            last = m - 1
+            for i in range(self.codec.num_layers):
+                self.codec.copy_layer_in(i, spec.block_ids[last:m], sources[last:m])
+            f.checked[last] = self._block_ok(spec.block_ids[last], sums[last])
+            f.copy_n = last
+        return f
 
     def _copy_and_check(self, step: "_StepLoads") -> None:
         """Copy every fetched block in, layer by layer, then check them."""

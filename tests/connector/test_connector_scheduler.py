@@ -40,8 +40,9 @@ class FakeDaemon:
         self.released: List[Tuple[int, bool]] = []
         self.ids = itertools.count(1)
         self.fail: Optional[Exception] = None
+        self.arena_id: Optional[bytes] = None   # set: the client maps an arena
 
-    def match(self, keys: Sequence[bytes], lease: bool = False):
+    def match(self, keys: Sequence[bytes], lease: bool = False, blocks: bool = False):
         if self.fail is not None:
             raise self.fail
         n = 0
@@ -53,7 +54,8 @@ class FakeDaemon:
         if lease and n:
             lid = next(self.ids)
             self.leases[lid] = list(keys[:n])
-        return MatchResult(n, [2] * n, lid)
+        refs = [f"ref:{k.hex()[:8]}" for k in keys[:n]] if blocks and self.arena_id else []
+        return MatchResult(n, [2] * n, lid, refs)
 
     def release(self, lease_id: int, discard: bool = False,
                 discard_indices: Sequence[int] = ()) -> None:
@@ -648,3 +650,25 @@ def test_lookup_wait_setting() -> None:
     assert parse({"kvkeeper_lookup_wait_s": 0.02}).lookup_wait_s == 0.02
     with pytest.raises(ValueError, match="kvkeeper_lookup_wait_s"):
         parse({"kvkeeper_lookup_wait_s": -1})
+
+
+def test_the_load_carries_the_schedulers_refs_for_the_blocks_it_loads() -> None:
+    """Where the lookup's Match returned arena refs (from block 0), the load
+    names those of the blocks it loads, per rank, with the arena they are in;
+    without refs (a streaming client) it names none and the worker matches."""
+    side, (d,), _ = make()
+    d.arena_id = b"arena-1"
+    keys = store(d, 0, TOKENS, 3)
+    r = Req("a", TOKENS + [5] * 10)
+    assert side.get_num_new_matched_tokens(r, 32) == (64, False)   # blocks 1, 2
+    side.update_state_after_alloc(r, Blocks([40, 41, 42, 43, 44]), 64)
+    (load,) = side.build_connector_meta(output(a=74), lambda rid: [40, 41, 42, 43, 44]).loads
+    assert load.block_ids == (41, 42)
+    assert load.refs == ((f"ref:{keys[1].hex()[:8]}", f"ref:{keys[2].hex()[:8]}"),)
+    assert load.arena_ids == (b"arena-1",)
+    d.arena_id = None
+    r2 = Req("b", TOKENS + [6] * 10)
+    assert side.get_num_new_matched_tokens(r2, 0) == (96, False)
+    side.update_state_after_alloc(r2, Blocks([50, 51, 52, 53, 54]), 96)
+    (load2,) = side.build_connector_meta(output(b=42), lambda rid: [50, 51, 52, 53, 54]).loads
+    assert load2.refs == () and load2.block_ids == (50, 51, 52)

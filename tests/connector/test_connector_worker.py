@@ -280,3 +280,36 @@ def test_where_loads_are_copied(daemon: DaemonProcess, monkeypatch: pytest.Monke
         assert w._overlap is beside
     finally:
         w.shutdown()
+
+
+def test_a_load_with_the_schedulers_refs_needs_no_rpc(daemon: DaemonProcess,
+                                                      placement: str) -> None:
+    """The scheduler's leased Match returned where the blocks lie; the worker
+    copies them from shared memory without a Match of its own (its lease is
+    the scheduler's). Refs from another arena are not used: it matches itself."""
+    src, dst = tensors(1), tensors(2)
+    a, b = worker(daemon.url, src), worker(daemon.url, dst)
+    try:
+        ks = keys(3, salt=11)
+        save(a, ks, [2, 3, 4])
+        sched = a.link.client()
+        res = sched.match(list(ks), lease=True, blocks=True)
+        assert res.matched == 3 and len(res.blocks) == 3
+        client = b.link.client()
+        matches = []
+        real_match = client.match
+        client.match = lambda *x, **k: matches.append(x) or real_match(*x, **k)
+        errors, wm = load(b, ks, [6, 7, 8], refs=(tuple(res.blocks),),
+                          arena_ids=(sched.arena_id,))
+        assert errors == set() and wm.loads_done == {1: {0: (3, ())}}
+        assert matches == [], "no RPC of the worker's own"
+        for name in ("l0", "l1"):
+            assert torch.equal(dst[name][6:9], src[name][2:5])
+        assert daemon.stats().leases == 1, "only the scheduler's lease"
+        errors, _ = load(b, ks, [6, 7, 8], load_id=2, refs=(tuple(res.blocks),),
+                         arena_ids=(b"another arena...",))
+        assert errors == set() and len(matches) == 1, "another arena: it matched itself"
+        sched.release(res.lease_id)
+    finally:
+        a.shutdown()
+        b.shutdown()
