@@ -244,6 +244,8 @@ def _whole_block(pieces: Sequence[memoryview], block_bytes: int) -> torch.Tensor
 class WorkerSide:
     """Everything the worker-role connector does for one TP rank."""
 
+    halves_min_blocks = 8   # below, handing half to the I/O thread costs more than it saves
+
     def __init__(self, cfg: Optional[ConnectorConfig], layout: Optional[KVLayout], rank: int,
                  link: Optional[DaemonLink], counters: Optional[Counters] = None,
                  releaser: Optional[Releaser] = None) -> None:
@@ -264,6 +266,7 @@ class WorkerSide:
         self._save_jobs: Dict[str, List[_SaveJob]] = {}   # by request: queued saves
         self._step: Optional[_StepLoads] = None
         self._overlap = False   # copies and checks run on a spare core, beside the forward
+        self._helper = False    # the I/O thread takes half of them, before the forward
         self.timings: Dict[str, float] = {}   # the last loads' phases (benchmarks read it)
 
     # ---- set-up
@@ -285,6 +288,7 @@ class WorkerSide:
         spare = len(spare_cpus())
         mode = self.cfg.load_overlap
         self._overlap = spare >= 1 if mode == "on" else (mode == "auto" and spare >= 2)
+        self._helper = mode == "auto" and spare == 1   # halves the copy before the forward
         if self.link is not None:
             # Connect from the I/O thread, so that the client's threads run where it does.
             ready = self._io().submit(self._connect)
@@ -349,6 +353,9 @@ class WorkerSide:
         self._step = step
         if self._overlap:
             step.future = self._io().submit(self._copy_and_check, step)
+        elif self._helper and sum(f.copy_n for f in fetched) >= self.halves_min_blocks:
+            self._copy_and_check_halves(step)
+            self._settle()
         else:
             self._copy_and_check(step)
             self._settle()
@@ -534,11 +541,62 @@ class WorkerSide:
                 self.releaser.release(f.lease_id, discard_indices=f.bad)
         self.timings["check"] = time.perf_counter() - t1
 
+    def _copy_and_check_halves(self, step: "_StepLoads") -> None:
+        """Before the forward, with the I/O thread (on a spare core) copying and
+        checking the second half of every load while this thread does the
+        first: copies and CRC32 run without the GIL, so the two overlap."""
+        codec = self.codec
+        assert codec is not None
+        t0 = time.perf_counter()
+        mine: List[Tuple[_Fetched, int, int]] = []
+        theirs: List[Tuple[_Fetched, int, int]] = []
+        for f in step.fetched:
+            half = f.copy_n // 2
+            mine.append((f, 0, half))
+            theirs.append((f, half, f.copy_n))
+
+        def work(parts: List[Tuple[_Fetched, int, int]]) -> List[List[int]]:
+            out = []
+            for f, lo, hi in parts:
+                if lo < hi and f.sources:
+                    for i in range(codec.num_layers):
+                        codec.copy_layer_in(i, f.spec.block_ids[lo:hi], f.sources[lo:hi])
+                out.append(self._bad_in(f, lo, hi))
+            return out
+
+        bad: Optional[List[List[int]]] = None
+        fut = self._io().submit(work, theirs)
+        try:
+            first = work(mine)
+            second = fut.result(timeout=self._io_wait_s())
+            bad = [a + b for a, b in zip(first, second)]
+        except BaseException as e:  # noqa: BLE001 - a failed copy: recompute all of it
+            log.warning("kvkeeper: copying loaded blocks into the KV cache failed: %s", e,
+                        exc_info=True)
+            step.abandoned = True
+            try:   # never leave the helper writing into the KV cache
+                fut.result(timeout=self._io_wait_s())
+            except BaseException:  # noqa: BLE001
+                pass
+        for k, f in enumerate(step.fetched):
+            f.sources = None
+            if bad is not None:
+                self._set_bad(f, bad[k] + self._bad_in(f, f.copy_n, f.n))
+            if self.releaser is not None:
+                self.releaser.release(f.lease_id, discard_indices=f.bad)
+        self.timings["copy"] = self.timings["check"] = time.perf_counter() - t0
+
+    def _bad_in(self, f: "_Fetched", lo: int, hi: int) -> List[int]:
+        """Blocks lo..hi-1 of f that fail their checksum as they are in the KV cache."""
+        return [i for i in range(lo, hi)
+                if not f.checked.get(i, True) or
+                (i not in f.checked and not self._block_ok(f.spec.block_ids[i], f.sums[i]))]
+
     def _check(self, f: "_Fetched") -> None:
         """Checksum the blocks as they are in the KV cache; f.good = leading good ones."""
-        bad = [i for i in range(f.n)
-               if not f.checked.get(i, True) or
-               (i not in f.checked and not self._block_ok(f.spec.block_ids[i], f.sums[i]))]
+        self._set_bad(f, self._bad_in(f, 0, f.n))
+
+    def _set_bad(self, f: "_Fetched", bad: List[int]) -> None:
         f.bad = bad
         f.good = bad[0] if bad else f.n
         if bad:

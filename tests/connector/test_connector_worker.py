@@ -53,15 +53,16 @@ def daemon() -> Iterator[DaemonProcess]:
     shutil.rmtree(d, ignore_errors=True)
 
 
-@pytest.fixture(params=["inline", "beside"])
+@pytest.fixture(params=["inline", "halves", "beside"])
 def placement(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """inline: no spare core, loads are copied and checked before start_load_kv
     returns. beside: as in a CPU worker with a reserved core: copies and
     checks run on the I/O thread while wait_for_layer_load paces the layers."""
     import kvkeeper.connector.worker as worker_mod
 
-    cpus = frozenset({0, 1}) if request.param == "beside" else frozenset()
+    cpus = frozenset({"inline": (), "halves": (0,), "beside": (0, 1)}[request.param])
     monkeypatch.setattr(worker_mod, "spare_cpus", lambda: cpus)
+    monkeypatch.setattr(worker_mod.WorkerSide, "halves_min_blocks", 2)
     return request.param
 
 
@@ -110,6 +111,8 @@ def test_saved_blocks_load_into_other_block_ids(daemon: DaemonProcess, transport
         assert daemon.stats().tiers[0].blocks == 3
         errors, wm = load(b, ks, [0, 9, 5])
         assert errors == set() and wm.loads_done == {1: {0: (3, ())}}
+        if placement == "halves" and transport == "auto":
+            assert b._helper and b.timings["copy"] == b.timings["check"], "the halves path ran"
         for name in ("l0", "l1"):
             for s, d in ((4, 0), (7, 9), (1, 5)):
                 assert torch.equal(dst[name][d], src[name][s])
