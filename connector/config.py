@@ -16,7 +16,7 @@
 | kvkeeper_transport | auto | auto (shared memory on the daemon's host, else streaming), shm, stream |
 | kvkeeper_checksum | crc32 | crc32 or none |
 | kvkeeper_model_id / kvkeeper_model_revision | from vLLM | override the namespace's model identity |
-| kvkeeper_load_overlap | auto | where loaded blocks are copied in and checked. on: on a connector thread on the cores vLLM's CPU backend leaves to the rest of the engine, layer by layer beside the forward; off: before the forward, in vLLM's thread; auto: on when at least 2 such cores exist (with one, the engine core's busy polling shares it and "off" measured faster) |
+| kvkeeper_load_overlap | auto | where loaded blocks are copied in and checked. on: on a connector thread on the cores vLLM's CPU backend leaves to the rest of the engine, layer by layer beside the forward; off: before the forward, in vLLM's thread; auto: on with at least 2 such cores; with 1 (which the engine core's busy polling shares: "on" measured slower there) before the forward, the connector thread doing half of it beside vLLM's thread |
 | kvkeeper_max_pending_save_mib | 256 | copied-out blocks waiting to be sent; beyond, saves are dropped |
 | kvkeeper_recompute_on_load_failure | true | set vLLM's kv_load_failure_policy to "recompute" (a cache miss must not fail a request) |
 | kvkeeper_report | false | add {"kvkeeper": {...}} (hit tokens, saved blocks, namespace) to each request's kv_transfer_params |

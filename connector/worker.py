@@ -1,19 +1,23 @@
 """Worker-side logic: load leased blocks into the KV cache, copy new blocks out and save them.
 
-Loads. start_load_kv (before the forward) matches each LoadSpec's keys under
-this worker's own lease, in one round trip that also returns where the
-blocks lie in the daemon's shared-memory arena (Match with blocks=True).
-The blocks are then copied straight from the arena into the paged KV
-tensors, layer by layer, and each block's checksum is computed over the
-bytes that landed in the KV cache. Where vLLM left spare cores (the CPU
-backend reserves some for the rest of the engine, see cpus.py; with
-kvkeeper_load_overlap "auto" at least two, since the engine core busy-polls
-one) the copies and checks run on a connector thread there: wait_for_layer_load(l)
-waits only for layer l, so attention on the first layers runs while later
-ones are copied, and the checksums are checked while the forward runs.
-vLLM takes the load errors after the forward (get_block_ids_with_load_errors)
-and drops that step's output for a request whose blocks failed, so a block
-checked after its attention ran is still never served: it is recomputed.
+Loads. The scheduler's leased Match returned where the blocks lie in the
+daemon's shared-memory arena (LoadSpec.refs); where this worker maps the
+same arena it needs no RPC, else start_load_kv matches the keys under its
+own lease, in one round trip that returns the same (Match, blocks=True).
+The blocks are copied straight from the arena into the paged KV tensors,
+layer by layer, and each block's checksum is computed over the bytes that
+landed in the KV cache. Where that work runs (kvkeeper_load_overlap, see
+cpus.py for the spare cores vLLM's CPU backend leaves to the rest of the
+engine): with two or more spare cores, on a connector thread there, beside
+the forward: wait_for_layer_load(l) waits only for layer l, so attention on
+the first layers runs while later ones are copied, and the checksums are
+checked while the forward runs; with one (the engine core busy-polls it)
+before the forward, that thread doing half of it; with none, before the
+forward in vLLM's thread. vLLM takes the load errors after the forward
+(get_block_ids_with_load_errors) and drops that step's output for a request
+whose blocks failed, so a block checked after its attention ran is still
+never served: it is recomputed. The block the forward itself writes into
+(the prompt's last token) is always checked before the forward.
 Without a mapped arena (another host, or kvkeeper_transport=stream) blocks
 are streamed into a staging tensor, checked (client.load_into), and copied
 in before the forward.
@@ -21,7 +25,8 @@ in before the forward.
 A block that is missing, fails its checksum or cannot be read, and every
 block after it in that load, is reported through
 get_block_ids_with_load_errors() so vLLM recomputes it; a corrupt block is
-released with discard so the daemon drops it.
+dropped from the daemon (discarded when its lease is released: this
+worker's own, or the scheduler's, which learns its index from the report).
 
 Saves are asynchronous. wait_for_save (after the forward) only queues the
 step's SaveSpecs; a connector thread copies their blocks out of the KV cache
