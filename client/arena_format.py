@@ -120,6 +120,47 @@ def copy_bytes(dst: memoryview, dst_addr: int, src: memoryview, src_addr: int) -
         dst[:] = src
 
 
+def gather_into(mv: memoryview, base: int, ext: list[Extent], total: int, out: Any) -> None:
+    """Copy a block's extents of the mapping `mv` (whose first byte is at
+    address `base`) into `out`, a writable buffer of exactly `total` bytes."""
+    dst = byte_view(out, writable=True)
+    if dst.nbytes != total:
+        raise ValueError(f"out holds {dst.nbytes} bytes but the extents hold {total}")
+    if total == 0:
+        return
+    dst_addr, pos = address(dst), 0
+    for off, length in ext:
+        copy_bytes(dst[pos:pos + length], dst_addr + pos, mv[off:off + length], base + off)
+        pos += length
+
+
+def scatter_from(mv: memoryview, base: int, ext: list[Extent], total: int, data: Any,
+                 start: int = 0) -> None:
+    """Copy `data` into a block's extents of the mapping `mv` (first byte at
+    address `base`), beginning at byte `start` of the block (the
+    concatenation of its `total` bytes of extents); may cross extents."""
+    src = byte_view(data, writable=False)
+    n = src.nbytes
+    if start < 0 or start + n > total:
+        raise ValueError(f"writing {n} bytes at {start} overruns a block of {total} bytes")
+    if n == 0:
+        return
+    src_addr = address(src)
+    pos = 0   # block position of the current extent's first byte
+    done = 0  # bytes of src copied
+    for off, length in ext:
+        if done == n:
+            break
+        end = pos + length
+        if end > start:
+            skip = max(start + done - pos, 0)
+            take = min(length - skip, n - done)
+            copy_bytes(mv[off + skip:off + skip + take], base + off + skip,
+                       src[done:done + take], src_addr + done)
+            done += take
+        pos = end
+
+
 def unmap(mv: Any, mm: Any) -> None:
     """Release a mapping's memoryview, then the mmap itself. If views handed
     out from it are still alive the mmap cannot close now; it closes when the

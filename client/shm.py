@@ -29,7 +29,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 
 from .arena_format import (ARENA_ID_BYTES, FORMAT_VERSION, HEADER_BYTES, HEADER_STRUCT, MAGIC, unmap,
-                           Extent, address, byte_view, copy_bytes, extents_in)
+                           Extent, byte_view, extents_in, gather_into, scatter_from)
 
 
 def _parse_header(buf: Any) -> Optional[tuple[bytes, int, int, int]]:
@@ -174,15 +174,7 @@ class ShmMapping:
         """Copy the block's bytes into `out`: any writable C-contiguous buffer
         (bytearray, numpy array, tensor.numpy()) of exactly sum(lengths) bytes."""
         mv, ext, total = self._check(extents)
-        dst = byte_view(out, writable=True)
-        if dst.nbytes != total:
-            raise ValueError(f"out holds {dst.nbytes} bytes but the extents hold {total}")
-        if total == 0:
-            return
-        dst_addr, base, pos = address(dst), self._base, 0
-        for off, length in ext:
-            copy_bytes(dst[pos:pos + length], dst_addr + pos, mv[off:off + length], base + off)
-            pos += length
+        gather_into(mv, self._base, ext, total, out)
 
     def read(self, extents: Sequence[Any]) -> bytes:
         """The block's bytes as one new bytes object (one copy)."""
@@ -196,15 +188,10 @@ class ShmMapping:
         """Copy `data`, any C-contiguous bytes-like object of exactly sum(lengths)
         bytes, into the block's extents."""
         mv, ext, total = self._check(extents)
-        src = byte_view(data, writable=False)
-        if src.nbytes != total:
-            raise ValueError(f"data holds {src.nbytes} bytes but the extents hold {total}")
-        if total == 0:
-            return
-        src_addr, base, pos = address(src), self._base, 0
-        for off, length in ext:
-            copy_bytes(mv[off:off + length], base + off, src[pos:pos + length], src_addr + pos)
-            pos += length
+        n = byte_view(data, writable=False).nbytes
+        if n != total:
+            raise ValueError(f"data holds {n} bytes but the extents hold {total}")
+        scatter_from(mv, self._base, ext, total, data)
 
     def gather(self, extents: Sequence[Any]) -> list[memoryview]:
         """Zero-copy writable views of the extents, in order. While any is alive,

@@ -34,8 +34,8 @@ from typing import Any, Iterable, Sequence
 from ..ledger.pages import Pages, page_runs
 
 from kvkeeper.client.arena_format import (ARENA_ID_BYTES, FORMAT_VERSION, HEADER_BYTES,
-                                          HEADER_STRUCT, MAGIC, Extent, address, byte_view,
-                                          copy_bytes, extents_in, unmap)
+                                          HEADER_STRUCT, MAGIC, Extent, extents_in, gather_into,
+                                          scatter_from, unmap)
 
 PAGE_ALIGN = 4096
 
@@ -179,41 +179,14 @@ class Arena:
         the block (the concatenation of its extents); may cross extents."""
         mv = self._live_view()
         ext, total = self._check(extents)
-        src = byte_view(data, writable=False)
-        n = src.nbytes
-        if start < 0 or start + n > total:
-            raise ValueError(f"writing {n} bytes at {start} overruns a block of {total} bytes")
-        if n == 0:
-            return
-        src_addr, base = address(src), self._base
-        pos = 0   # block position of the current extent's first byte
-        done = 0  # bytes of src copied
-        for off, length in ext:
-            if done == n:
-                break
-            end = pos + length
-            if end > start:
-                skip = max(start + done - pos, 0)
-                take = min(length - skip, n - done)
-                copy_bytes(mv[off + skip:off + skip + take], base + off + skip,
-                      src[done:done + take], src_addr + done)
-                done += take
-            pos = end
+        scatter_from(mv, self._base, ext, total, data, start)
 
     def read_into(self, extents: Sequence[Any], out: Any) -> None:
         """Copy the block's bytes into `out`, a writable buffer of exactly the
         block's size."""
         mv = self._live_view()
         ext, total = self._check(extents)
-        dst = byte_view(out, writable=True)
-        if dst.nbytes != total:
-            raise ValueError(f"out holds {dst.nbytes} bytes, the extents {total}")
-        if total == 0:
-            return
-        dst_addr, base, pos = address(dst), self._base, 0
-        for off, length in ext:
-            copy_bytes(dst[pos:pos + length], dst_addr + pos, mv[off:off + length], base + off)
-            pos += length
+        gather_into(mv, self._base, ext, total, out)
 
     def read(self, extents: Sequence[Any]) -> bytes:
         """The block's bytes, copied once."""
