@@ -503,11 +503,24 @@ class WorkerSide:
             # its recomputed KV may differ from the stored one in the last
             # bits: copy and check the block before the forward, not beside it.
             last = m - 1
-            for i in range(self.codec.num_layers):
-                self.codec.copy_layer_in(i, spec.block_ids[last:m], sources[last:m])
+            self._copy_in(f, last, m)
             f.checked[last] = self._block_ok(spec.block_ids[last], sums[last])
             f.copy_n = last
         return f
+
+    def _copy_in(self, f: "_Fetched", lo: int, hi: int) -> None:
+        """Copy blocks lo..hi-1 of f, every layer, from the arena into the KV cache."""
+        assert self.codec is not None and f.sources is not None
+        for i in range(self.codec.num_layers):
+            self.codec.copy_layer_in(i, f.spec.block_ids[lo:hi], f.sources[lo:hi])
+
+    def _release_fetched(self, step: "_StepLoads") -> None:
+        """Drop the arena views, then release each load's lease, discarding its
+        corrupt blocks (a load by the scheduler's refs has no lease here)."""
+        for f in step.fetched:
+            f.sources = None
+            if self.releaser is not None:
+                self.releaser.release(f.lease_id, discard_indices=f.bad)
 
     def _copy_and_check(self, step: "_StepLoads") -> None:
         """Copy every fetched block in, layer by layer, then check them."""
@@ -530,8 +543,6 @@ class WorkerSide:
         finally:
             for ev in step.layer_done.values():
                 ev.set()
-            for f in step.fetched:
-                f.sources = None   # drop the arena views before the lease goes
         t1 = time.perf_counter()
         self.timings["copy"] = t1 - t0
         for f in step.fetched:
@@ -542,16 +553,13 @@ class WorkerSide:
                     log.warning("kvkeeper: checking loaded blocks of %s failed: %s",
                                 f.spec.req_id, e, exc_info=True)
                     f.good = 0
-            if self.releaser is not None:
-                self.releaser.release(f.lease_id, discard_indices=f.bad)
+        self._release_fetched(step)
         self.timings["check"] = time.perf_counter() - t1
 
     def _copy_and_check_halves(self, step: "_StepLoads") -> None:
         """Before the forward, with the I/O thread (on a spare core) copying and
         checking the second half of every load while this thread does the
         first: copies and CRC32 run without the GIL, so the two overlap."""
-        codec = self.codec
-        assert codec is not None
         t0 = time.perf_counter()
         mine: List[Tuple[_Fetched, int, int]] = []
         theirs: List[Tuple[_Fetched, int, int]] = []
@@ -564,8 +572,7 @@ class WorkerSide:
             out = []
             for f, lo, hi in parts:
                 if lo < hi and f.sources:
-                    for i in range(codec.num_layers):
-                        codec.copy_layer_in(i, f.spec.block_ids[lo:hi], f.sources[lo:hi])
+                    self._copy_in(f, lo, hi)
                 out.append(self._bad_in(f, lo, hi))
             return out
 
@@ -583,12 +590,10 @@ class WorkerSide:
                 fut.result(timeout=self._io_wait_s())
             except BaseException:  # noqa: BLE001
                 pass
-        for k, f in enumerate(step.fetched):
-            f.sources = None
-            if bad is not None:
-                self._set_bad(f, bad[k] + self._bad_in(f, f.copy_n, f.n))
-            if self.releaser is not None:
-                self.releaser.release(f.lease_id, discard_indices=f.bad)
+        if bad is not None:
+            for f, b in zip(step.fetched, bad):
+                self._set_bad(f, b + self._bad_in(f, f.copy_n, f.n))
+        self._release_fetched(step)
         self.timings["copy"] = self.timings["check"] = time.perf_counter() - t0
 
     def _bad_in(self, f: "_Fetched", lo: int, hi: int) -> List[int]:

@@ -68,7 +68,20 @@ class _Recorder:
             os.close(fd)
 
 
-class TimedKVKeeperConnector(KVKeeperConnector):
+class _TimedLookup:
+    """The scheduler's lookup, timed the same way for both connectors."""
+
+    _rec: _Recorder
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
+        t = time.perf_counter()
+        out = super().get_num_new_matched_tokens(request, num_computed_tokens)  # type: ignore[misc]
+        self._rec.write({"event": "lookup", "dur": time.perf_counter() - t,
+                         "tokens": (out or (0,))[0] or 0})
+        return out
+
+
+class TimedKVKeeperConnector(_TimedLookup, KVKeeperConnector):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._rec = _Recorder()
         self._bound: Optional[float] = None
@@ -101,13 +114,6 @@ class TimedKVKeeperConnector(KVKeeperConnector):
         self._load_s = self._layer_wait_s = 0.0
         loads = getattr(connector_metadata, "loads", None) or ()
         self._loads = sum(s.num_blocks() for s in loads)
-
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
-        t = time.perf_counter()
-        out = super().get_num_new_matched_tokens(request, num_computed_tokens)
-        self._rec.write({"event": "lookup", "dur": time.perf_counter() - t,
-                         "tokens": (out or (0,))[0] or 0})
-        return out
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         t = time.perf_counter()
@@ -152,7 +158,7 @@ class TimedKVKeeperConnector(KVKeeperConnector):
                 self._loads = 0
 
 
-class TimedExampleConnector(ExampleConnector):
+class TimedExampleConnector(_TimedLookup, ExampleConnector):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._rec = _Recorder()
         self._bound: Optional[float] = None
@@ -164,13 +170,6 @@ class TimedExampleConnector(ExampleConnector):
         super().bind_connector_metadata(connector_metadata)
         self._bound = time.perf_counter()
         self._load_s = self._save_s = 0.0
-
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
-        t = time.perf_counter()
-        out = super().get_num_new_matched_tokens(request, num_computed_tokens)
-        self._rec.write({"event": "lookup", "dur": time.perf_counter() - t,
-                         "tokens": (out or (0,))[0] or 0})
-        return out
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._get_connector_metadata() if self.has_connector_metadata() else None

@@ -21,6 +21,8 @@ import os
 import sys
 import traceback
 
+from kvkeeper.server.bench.ttft_engine import metrics  # the same counters the bench reads
+
 PREFIX = "KVKTEST "
 
 
@@ -77,18 +79,6 @@ def write_tiny_llama(path: str, seed: int = 1234) -> None:
 def reply(obj: dict) -> None:
     sys.stdout.write(PREFIX + json.dumps(obj) + "\n")
     sys.stdout.flush()
-
-
-def metrics(llm) -> dict:
-    out: dict = {}
-    for m in llm.get_metrics():
-        name = getattr(m, "name", "")
-        if not (name.startswith("vllm:kvkeeper_") or name.startswith("vllm:external_prefix")):
-            continue
-        value = getattr(m, "value", None)
-        if isinstance(value, (int, float)):
-            out[name] = out.get(name, 0) + value
-    return out
 
 
 def main() -> int:

@@ -24,12 +24,6 @@ def key(i: int) -> bytes:
     return i.to_bytes(4, "little") * 8
 
 
-@pytest.fixture
-async def stub(daemon: Any) -> Any:
-    async with grpc.aio.insecure_channel(f"unix:{daemon.socket_path}") as ch:
-        yield pb_grpc.KVKeeperStub(ch)
-
-
 async def register(stub: Any, **kw: Any) -> str:
     r = await stub.RegisterSession(pb.RegisterSessionRequest(instance_id="t", namespace=descriptor(**kw)))
     return r.session_id

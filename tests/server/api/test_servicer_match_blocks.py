@@ -7,29 +7,12 @@ import zlib
 from typing import Any
 
 import grpc
-import pytest
 
-from test_servicer_errors import expect, snapshot  # the wire tests' helpers
+# The wire tests' helpers; BLOCK is four pages, the last one partial, so a
+# block has several extents.
+from test_servicer_errors import BLOCK, descriptor, expect, key, snapshot
 
 from kvkeeper.v1 import kvkeeper_pb2 as pb
-from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
-
-BLOCK = 3 * 4096 + 100  # four pages, the last one partial: several extents per block
-
-
-def descriptor() -> pb.NamespaceDescriptor:
-    return pb.NamespaceDescriptor(model_id="tiny-llama", dtype="float16", kv_layout="NHD",
-                                  block_tokens=32, block_bytes=BLOCK, tp_rank=0, tp_size=1)
-
-
-def key(i: int) -> bytes:
-    return i.to_bytes(4, "little") * 8
-
-
-@pytest.fixture
-async def stub(daemon: Any) -> Any:
-    async with grpc.aio.insecure_channel(f"unix:{daemon.socket_path}") as ch:
-        yield pb_grpc.KVKeeperStub(ch)
 
 
 def data(i: int) -> bytes:
