@@ -58,8 +58,9 @@ class DaemonProcess:
     """`kvkeeper serve` on a unix socket, as a subprocess that tests may kill."""
 
     def __init__(self, socket_path: str, capacity: str = "128MiB", page: str = "64KiB",
-                 log_path: Optional[str] = None) -> None:
+                 log_path: Optional[str] = None, metrics: str = "") -> None:
         self.socket_path = socket_path
+        self.metrics = metrics  # "host:port" of /metrics; "" disables it
         self.url = f"unix://{socket_path}"
         self.capacity = capacity
         self.page = page
@@ -73,8 +74,8 @@ class DaemonProcess:
         log = open(self.log_path, "a")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kvkeeper.server.cli", "serve", "--socket", self.socket_path,
-             "--tcp", "", "--metrics", "", "--capacity", self.capacity, "--page-size", self.page,
-             "--set", f"host_tier.name={name}"],
+             "--tcp", "", "--metrics", self.metrics, "--capacity", self.capacity,
+             "--page-size", self.page, "--set", f"host_tier.name={name}"],
             stdout=log, stderr=subprocess.STDOUT)
         log.close()
         deadline = time.monotonic() + timeout

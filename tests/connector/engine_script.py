@@ -22,58 +22,9 @@ import sys
 import traceback
 
 from kvkeeper.server.bench.ttft_engine import metrics  # the same counters the bench reads
+from tiny_llama import write_tiny_llama  # noqa: F401  (tests import it from here too)
 
 PREFIX = "KVKTEST "
-
-
-TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
-              "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 4096,
-              "rms_norm_eps": 1e-5, "torch_dtype": "float32", "bos_token_id": 1,
-              "eos_token_id": 2, "tie_word_embeddings": False, "rope_theta": 10000.0,
-              "hidden_act": "silu"}
-
-
-def write_tiny_llama(path: str, seed: int = 1234) -> None:
-    """A 2-layer Llama checkpoint with seeded random weights.
-
-    Not vLLM's dummy weights: those are so small that attention barely
-    moves the residual stream, so the output would not depend on the cached
-    KV at all and no test could tell loaded KV from garbage. These are
-    scaled like a trained model's (unit-variance activations), so the
-    context matters, and identical in every process that reads the file.
-    """
-    import torch
-    from safetensors.torch import save_file
-
-    os.makedirs(path, exist_ok=True)
-    c = TINY_LLAMA
-    h, inter, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
-    hd = h // c["num_attention_heads"]
-    kvh = c["num_key_value_heads"] * hd
-    g = torch.Generator().manual_seed(seed)
-
-    def w(rows: int, cols: int, scale: float) -> torch.Tensor:
-        return (torch.randn(rows, cols, generator=g) * scale).contiguous()
-
-    t = {"model.embed_tokens.weight": w(v, h, 1.0), "model.norm.weight": torch.ones(h),
-         "lm_head.weight": w(v, h, h ** -0.5)}
-    for i in range(c["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        t[p + "self_attn.q_proj.weight"] = w(h, h, h ** -0.5)
-        t[p + "self_attn.k_proj.weight"] = w(kvh, h, h ** -0.5)
-        t[p + "self_attn.v_proj.weight"] = w(kvh, h, h ** -0.5)
-        t[p + "self_attn.o_proj.weight"] = w(h, h, h ** -0.5)
-        t[p + "mlp.gate_proj.weight"] = w(inter, h, h ** -0.5)
-        t[p + "mlp.up_proj.weight"] = w(inter, h, h ** -0.5)
-        t[p + "mlp.down_proj.weight"] = w(h, inter, inter ** -0.5)
-        t[p + "input_layernorm.weight"] = torch.ones(h)
-        t[p + "post_attention_layernorm.weight"] = torch.ones(h)
-    tmp = os.path.join(path, "model.safetensors.tmp")
-    save_file(t, tmp, metadata={"format": "pt"})
-    os.replace(tmp, os.path.join(path, "model.safetensors"))
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(c, f)
 
 
 def reply(obj: dict) -> None:
