@@ -6,14 +6,18 @@ directory, with its /metrics on a free loopback port; the server is the
 OpenAI-compatible `vllm serve` of the tiny Llama (seeded random weights and a
 512-token BPE tokenizer, tests/connector/tiny_llama.py) on another free port,
 prefix caching on, started through vllm_serve.py so it runs on the CPU build.
-`serving.restart()` (or the shell command `serving.restart_cmd`) restarts
-the server and keeps the daemon, so a new vLLM process must load from it.
+As in the README, the daemon's socket is `kvkeeper.sock` in the server's
+working directory and the connector names it `unix://./kvkeeper.sock`.
+`serving.restart()` runs the shell command `serving.restart_cmd`, which
+restarts the server and keeps the daemon, so a new vLLM process must load
+from it.
 Set KVKEEPER_TEST_KEEP_LOGS=1 to keep the directory with the logs.
 """
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +29,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "connector"))
 
 from connector_harness import DaemonProcess, short_tmpdir, vllm_unavailable  # noqa: E402
-from serving_harness import (Server, free_port, restart_cmd, serve_argv,  # noqa: E402
-                             serve_env)
+from serving_harness import (README_DAEMON_URL, Server, free_port, restart_cmd,  # noqa: E402
+                             serve_argv, serve_env)
 
 MODEL_NAME = "tiny-llama"
 
@@ -36,7 +40,7 @@ class Serving:
     url: str                 # the OpenAI-compatible server: URL/v1/completions, URL/metrics
     model: str               # the served model name
     metrics_url: str         # the daemon's /metrics
-    daemon_url: str          # what the connector's kvkeeper_url names
+    daemon_url: str          # the daemon (absolute; the server names it relative to its cwd)
     restart_cmd: str         # shell command: restart the server, return once healthy
     server: Server
     daemon: DaemonProcess
@@ -47,7 +51,7 @@ class Serving:
         return self.url + "/metrics"
 
     def restart(self) -> None:
-        self.server.restart()
+        subprocess.run(self.restart_cmd, shell=True, check=True, timeout=900)
 
 
 @pytest.fixture(scope="session")
@@ -61,14 +65,15 @@ def serving() -> Iterator[Serving]:
     model = f"{tmp}/model"
     write_tiny_llama(model, tokenizer=True)
     metrics_addr = f"127.0.0.1:{free_port()}"
-    daemon = DaemonProcess(f"{tmp}/kvk.sock", capacity="128MiB", page="32KiB",
+    daemon = DaemonProcess(f"{tmp}/kvkeeper.sock", capacity="128MiB", page="32KiB",
                            log_path=f"{tmp}/daemon.log", metrics=metrics_addr)
     server = None
     try:
         daemon.start()
         port = free_port()
-        argv = serve_argv(model, port, daemon.url) + ["--served-model-name", MODEL_NAME]
-        server = Server.create(f"{tmp}/server", argv, serve_env(), f"http://127.0.0.1:{port}")
+        argv = serve_argv(model, port, README_DAEMON_URL) + ["--served-model-name", MODEL_NAME]
+        server = Server.create(f"{tmp}/server", argv, serve_env(), f"http://127.0.0.1:{port}",
+                               cwd=tmp)
         server.start()
         yield Serving(url=server.url, model=MODEL_NAME, metrics_url=f"http://{metrics_addr}/metrics",
                       daemon_url=daemon.url, restart_cmd=restart_cmd(f"{tmp}/server"),

@@ -1,7 +1,7 @@
 """A real OpenAI-compatible `vllm serve` (through vllm_serve.py) as a restartable process.
 
 Everything needed to (re)start the server lives in a state directory
-(`server.json`: argv, env, URL, log; `server.pid`), so a restart works the
+(`server.json`: argv, env, working directory, URL, log; `server.pid`), so a restart works the
 same from the test process and from a shell command that another program
 runs between its phases:
 
@@ -35,6 +35,9 @@ SPEC = "server.json"
 PIDFILE = "server.pid"
 START_TIMEOUT_S = 600.0   # a 2-core machine under load; an idle one takes ~30 s
 STOP_GRACE_S = 30.0
+# The README's URL of the quick start's daemon (its default socket, ./kvkeeper.sock),
+# relative to the server's working directory.
+README_DAEMON_URL = "unix://./kvkeeper.sock"
 
 
 def free_port() -> int:
@@ -79,14 +82,16 @@ class Server:
         self.argv: List[str] = spec["argv"]
         self.env: Dict[str, str] = spec["env"]
         self.url: str = spec["url"]
+        self.cwd: str = spec["cwd"]
         self.log_path = Path(spec["log"])
         self._child: Optional[subprocess.Popen] = None  # when started by this process
 
     @classmethod
-    def create(cls, state_dir: str, argv: List[str], env: Dict[str, str], url: str) -> "Server":
+    def create(cls, state_dir: str, argv: List[str], env: Dict[str, str], url: str,
+               cwd: str) -> "Server":
         d = Path(state_dir)
         d.mkdir(parents=True, exist_ok=True)
-        (d / SPEC).write_text(json.dumps({"argv": argv, "env": env, "url": url,
+        (d / SPEC).write_text(json.dumps({"argv": argv, "env": env, "url": url, "cwd": cwd,
                                           "log": str(d / "vllm.log")}, indent=1))
         return cls(state_dir)
 
@@ -104,7 +109,7 @@ class Server:
             log.write(f"\n===== start {time.strftime('%H:%M:%S')}: {shlex.join(self.argv)}\n")
             log.flush()
             # Its own session and process group: a stop reaches vLLM's engine core too.
-            self._child = subprocess.Popen(self.argv, env=self.env, stdout=log,
+            self._child = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdout=log,
                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                            start_new_session=True)
         (self.state_dir / PIDFILE).write_text(str(self._child.pid))
