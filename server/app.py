@@ -29,6 +29,7 @@ from .api.admin import AdminServicer
 from .api.servicer import KVKeeperServicer
 from .auth import AuthInterceptor, AuthPolicy, check_exposure, server_credentials
 from .config import Config, ConfigError
+from .gcpolicy import GcPolicy
 from .ledger import Ledger
 from .metrics import Metrics
 from .reload import plan_reload
@@ -148,6 +149,7 @@ class Daemon:
         self._metrics_http: Any = None
         self._reaper: Optional[asyncio.Task[None]] = None
         self._stopped = False
+        self.gc = GcPolicy(config.server.gc_freeze_interval_seconds)
 
     def bind(self) -> int:
         lc = self.config.listen
@@ -173,6 +175,12 @@ class Daemon:
         if self.config.metrics.address:
             self._metrics_http = self.metrics.start_http(self.config.metrics.address)
         self._reaper = asyncio.get_running_loop().create_task(self._reap())
+        # Last before serving: the ledger and the disk tier's recovered index are
+        # built, so they go to the permanent generation before the first request.
+        settled = self.gc.settle(time.monotonic())
+        if settled is not None:
+            log.info("gc: %d objects frozen after start-up (collection and freeze took %.3fs)",
+                     settled.frozen_objects, settled.seconds)
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         log.info("kvkeeper %s serving: socket=%s tcp=%s metrics=%s arena=%s (%d pages of %d B) policy=%s "
@@ -193,6 +201,8 @@ class Daemon:
                     await self.disk.maintain()
                 report = self.ledger.expire(time.monotonic())
                 self.watch.tick(time.monotonic())
+                # After expiry, so that what it dropped is collected before the freeze.
+                self.gc.tick(time.monotonic())
             except Exception:  # noqa: BLE001 - the reaper must outlive a bug report
                 log.exception("expiry failed")
                 continue
@@ -232,6 +242,7 @@ class Daemon:
         logsetup.set_level(sc.log_level)
         logsetup.set_format(sc.log_format)
         self.watch.storm.threshold = sc.eviction_storm_blocks
+        self.gc.set_interval(sc.gc_freeze_interval_seconds, time.monotonic())
         if table is not None and self.auth is not None:
             self.tokens = table
             self.auth.table = table
@@ -254,6 +265,8 @@ class Daemon:
         if self._reaper:
             self._reaper.cancel()
         await self.server.stop(grace)
+        # No request comes any more: hand the heap back to CPython's own GC.
+        self.gc.release()
         if self.disk is not None:
             # Write-back: everything acknowledged reaches the disk before the arena goes.
             await self.disk.close()
