@@ -34,7 +34,7 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 import grpc
 
 from . import errors
-from .api.status import status_for
+from .api.status import set_status
 from .config import Config, ConfigError, parse_address
 from .tokens import TokenTable
 
@@ -212,7 +212,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             self._wrapped[method] = cached
         return cached[1]
 
-    async def _check(self, context: Any, method: str, admin: bool) -> None:
+    async def _check(self, context: Any, method: str, admin: bool) -> bool:
+        """True when the caller may go on; otherwise the refusal is set on the call
+        (without context.abort(): see api.status.set_status)."""
         try:
             caller = self.policy.identify_context(context)
             if admin and not caller.admin:
@@ -221,8 +223,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                     f"{caller.name!r} is not")
         except (errors.Unauthenticated, errors.PermissionDenied) as exc:
             self.refusals.log(method, context.peer(), exc)
-            code, msg = status_for(exc)
-            await context.abort(code, msg)
+            set_status(context, exc)
+            return False
+        return True
 
     def _wrap(self, handler: Any, method: str) -> Any:
         admin = method.split("/")[1] == ADMIN_SERVICE
@@ -233,11 +236,13 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                   response_serializer=handler.response_serializer)
 
         async def unary(request: Any, context: Any) -> Any:
-            await check(context, method, admin)
+            if not await check(context, method, admin):
+                return None
             return await (inner_uu or inner_su)(request, context)
 
         async def streaming(request: Any, context: Any) -> Any:
-            await check(context, method, admin)
+            if not await check(context, method, admin):
+                return
             out = (inner_us or inner_ss)(request, context)
             if hasattr(out, "__aiter__"):
                 async for item in out:

@@ -28,7 +28,7 @@ from ..ledger import Ledger
 from ..ledger.quota import quota_for
 from ..tiers.disk_tier import INTERNAL_INSTANCE
 from .convert import tier_to_pb
-from .status import status_for
+from .status import set_status
 
 log = logging.getLogger("kvkeeper.admin")
 
@@ -49,7 +49,8 @@ def _admin(fn: Callable[..., Any]) -> Callable[..., Any]:
             self._check_serving()
             return await fn(self, request, context)
         except Exception as exc:  # noqa: BLE001 - every error gets a status
-            await context.abort(*status_for(exc))
+            set_status(context, exc)
+            return None
     return handler
 
 
@@ -61,7 +62,7 @@ def _admin_stream(fn: Callable[..., AsyncIterator[Any]]) -> Callable[..., Any]:
             async for item in fn(self, request, context):
                 yield item
         except Exception as exc:  # noqa: BLE001
-            await context.abort(*status_for(exc))
+            set_status(context, exc)
     return handler
 
 

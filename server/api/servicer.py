@@ -20,7 +20,7 @@ from ..errors import FailedPrecondition, Unavailable
 from ..ids import SessionId
 from ..ledger import Block, Ledger
 from .convert import SLOT_TO_PB, descriptor_from_pb, tier_to_pb
-from .status import status_for
+from .status import set_status
 
 log = logging.getLogger("kvkeeper.api")
 
@@ -41,9 +41,8 @@ def _observed(fn: Callable[..., Any]) -> Callable[..., Any]:
                 raise Unavailable("the daemon is shutting down; retry against the restarted daemon")
             return await fn(self, request, context)
         except Exception as exc:  # noqa: BLE001 - every error gets a status
-            status, msg = status_for(exc)
-            code = status.name
-            await context.abort(status, msg)
+            code = set_status(context, exc)
+            return None
         finally:
             self.metrics.observe_rpc(method, time.perf_counter() - t0, code)
 
@@ -64,9 +63,7 @@ def _observed_stream(fn: Callable[..., AsyncIterator[Any]]) -> Callable[..., Any
             async for item in fn(self, request, context):
                 yield item
         except Exception as exc:  # noqa: BLE001
-            status, msg = status_for(exc)
-            code = status.name
-            await context.abort(status, msg)
+            code = set_status(context, exc)
         finally:
             self.metrics.observe_rpc(method, time.perf_counter() - t0, code)
 

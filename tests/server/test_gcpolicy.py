@@ -12,11 +12,14 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from kvkeeper.server.app import create_server
+from kvkeeper.server.config import Config, ConfigError, load_config
 from kvkeeper.server.errors import ClientError
 from kvkeeper.server.gcpolicy import GEN2_THRESHOLD, GcPolicy
 from kvkeeper.server.ids import HOST
 from kvkeeper.server.ledger import Ledger, LedgerConfig, NamespaceDescriptor, TierSpec
 from kvkeeper.server.ledger.disk_index import DiskIndex
+from kvkeeper.server.reload import SAFE_KEYS
 
 
 class Node:
@@ -239,3 +242,39 @@ def test_disk_index_operations_leave_no_cyclic_garbage() -> None:
     assert index.evict_unpinned()
     index.check_invariants()
     assert gc.collect() == 0
+
+
+# --------------------------------------------------------------------------- the daemon
+async def test_the_daemon_freezes_after_start_up_reload_switches_and_stop_releases(
+        daemon_config: Callable[..., Config]) -> None:
+    before = gc.get_threshold()
+    config = daemon_config()
+    assert config.server.gc_freeze_interval_seconds == 1.0          # on by default
+    d, _ = create_server(config)
+    assert gc.get_freeze_count() == 0             # built, not yet serving: nothing frozen
+    await d.start()
+    try:
+        assert d.gc.active and gc.get_freeze_count() > 0
+        assert gc.get_threshold() == (before[0], before[1], GEN2_THRESHOLD)
+        off = daemon_config(**{"server.gc_freeze_interval_seconds": "0"})
+        d.reload(off)
+        assert not d.gc.active and gc.get_freeze_count() == 0 and gc.get_threshold() == before
+        assert d.config.server.gc_freeze_interval_seconds == 0
+        d.reload(daemon_config(**{"server.gc_freeze_interval_seconds": "30s"}))
+        assert d.gc.active and d.gc.interval_s == 30.0 and gc.get_freeze_count() > 0
+    finally:
+        await d.stop(0)
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
+
+
+def test_the_interval_is_configured_like_every_duration() -> None:
+    base = {"listen.socket": "/tmp/kvk-gc.sock", "metrics.address": ""}
+    c = load_config(None, env={"KVKEEPER_SERVER_GC_FREEZE_INTERVAL_SECONDS": "250ms"},
+                    overrides=base)
+    assert c.server.gc_freeze_interval_seconds == 0.25
+    assert "environment" in c.source_of("server.gc_freeze_interval_seconds")
+    for bad in ("-1", "2h"):
+        with pytest.raises(ConfigError) as e:
+            load_config(None, env={}, overrides={**base, "server.gc_freeze_interval_seconds": bad})
+        assert e.value.key == "server.gc_freeze_interval_seconds"
+    assert "server.gc_freeze_interval_seconds" in SAFE_KEYS
