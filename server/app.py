@@ -168,6 +168,12 @@ class Daemon:
         return self.port
 
     async def start(self) -> None:
+        # Before the first request can arrive: the ledger and the disk tier's
+        # recovered index are built, and nothing in flight gets frozen with them.
+        settled = self.gc.settle(time.monotonic())
+        if settled is not None:
+            log.info("gc: %d objects frozen after start-up (collection and freeze took %.3fs)",
+                     settled.frozen_objects, settled.seconds)
         await self.server.start()
         if self.socket_path:
             os.chmod(self.socket_path, self.config.listen.socket_mode)
@@ -175,12 +181,6 @@ class Daemon:
         if self.config.metrics.address:
             self._metrics_http = self.metrics.start_http(self.config.metrics.address)
         self._reaper = asyncio.get_running_loop().create_task(self._reap())
-        # Last before serving: the ledger and the disk tier's recovered index are
-        # built, so they go to the permanent generation before the first request.
-        settled = self.gc.settle(time.monotonic())
-        if settled is not None:
-            log.info("gc: %d objects frozen after start-up (collection and freeze took %.3fs)",
-                     settled.frozen_objects, settled.seconds)
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         log.info("kvkeeper %s serving: socket=%s tcp=%s metrics=%s arena=%s (%d pages of %d B) policy=%s "

@@ -1,4 +1,4 @@
-"""`kvkeeper bench`: the ledger, control-plane and data-plane benchmarks.
+"""`kvkeeper bench`: the ledger, control-plane, data-plane, disk and GC benchmarks.
 
     kvkeeper bench {ledger,control,data,disk,gc,ttft,all} [--json] [--quick] [--out FILE]
                    [--engine-python PATH]
@@ -33,8 +33,8 @@ class BenchUnavailable(RuntimeError):
     """A benchmark cannot run in this environment (e.g. ttft without vLLM)."""
 
 
-BENCHES = ("ledger", "control", "data", "disk", "gc")   # what `all` runs
-EXTRA_BENCHES = ("ttft",)                          # run only by name (needs vLLM)
+BENCHES = ("ledger", "control", "data", "disk", "gc")  # what `all` runs
+EXTRA_BENCHES = ("ttft",)                         # run only by name (needs vLLM)
 
 
 def _runner(name: str) -> Callable[..., list[Result]]:

@@ -22,7 +22,13 @@ part of it) and the queue is replayed on the schedule (start = max(arrival,
 previous end)), so a Match that arrives during a 150 ms collection, or behind
 one, waits for it. Ticks run between requests at their place in the schedule
 and delay the requests behind them the same way. A Match's latency is its end
-minus its arrival.
+minus its arrival. Durations are the thread's CPU time (time.thread_time): the
+event loop as it would run on a core of its own, whatever else the machine runs.
+
+The churn is the ledger's alone, at half its capacity (~100k new blocks a
+second on a fast core): a daemon that also moves the blocks' bytes churns far
+fewer, and a tick's pause, which grows with the blocks created since the
+previous tick, is smaller there.
 
 Collections are counted with gc.callbacks: `full` is a generation-2 collection
 started by CPython inside a request (the default's pause), `tick` one run by
@@ -46,6 +52,9 @@ CHAIN = 256           # keys per Match: a 4k-token prompt at 16 tokens per block
 SAVE = 1024           # new blocks per save
 FILL_BATCH = 4096
 UTILIZATION = 0.5     # share of the schedule the event loop is busy without GC
+# Every duration is this thread's CPU time: on a shared machine other processes'
+# time slices would otherwise count as the daemon's work (and swamp the replay).
+busy = time.thread_time
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,7 @@ class Scale:
     requests: int         # requests per phase
     rounds: int           # phases per configuration, alternated
     calibrate: int = 50   # requests timed without GC before each round, to set the gap
+    interval_s: Optional[float] = None   # ticks; None: server.gc_freeze_interval_seconds' default
 
     @classmethod
     def for_mode(cls, quick: bool) -> "Scale":
@@ -82,12 +92,12 @@ class _GcWatch:
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
-            self._t0 = time.perf_counter()
+            self._t0 = busy()
             return
         if self.into is None or self.in_tick:
             return
         if info["generation"] == 2:
-            self.into.full.append(time.perf_counter() - self._t0)
+            self.into.full.append(busy() - self._t0)
         else:
             self.into.young += 1
 
@@ -101,7 +111,7 @@ class _Churn:
 
     def request(self) -> tuple[float, float]:
         """One request: (Match seconds, save + release seconds)."""
-        ledger, sid, perf = self.ledger, self.sid, time.perf_counter
+        ledger, sid, perf = self.ledger, self.sid, busy
         # A chain among the newer half of the keys: resident unless recently evicted.
         start = self.rng.randrange(self.next_key - self.n // 2, self.next_key - CHAIN)
         chain = keys_range(start, CHAIN)
@@ -143,13 +153,15 @@ def _run_phase(churn: _Churn, requests: int, gap: float, policy: Optional[GcPoli
             arrival = i * gap
             if policy is not None and policy.due(arrival):
                 watch.in_tick = True
+                t0 = busy()
                 try:
                     report = policy.tick(arrival)
                 finally:
                     watch.in_tick = False
+                took = busy() - t0
                 assert report is not None
-                into.ticks.append(report.seconds)
-                free = max(arrival, free) + report.seconds
+                into.ticks.append(took)
+                free = max(arrival, free) + took
             d_match, d_rest = churn.request()
             end = max(arrival, free) + d_match
             into.match_latency.append(end - arrival)
@@ -164,7 +176,8 @@ def run(quick: bool = False, *, scale: Optional[Scale] = None,
     scale = scale or Scale.for_mode(quick)
     if scale.blocks < 4 * (CHAIN + SAVE):
         raise ValueError(f"blocks must be at least {4 * (CHAIN + SAVE)}")
-    interval = ServerSection().gc_freeze_interval_seconds
+    interval = (ServerSection().gc_freeze_interval_seconds if scale.interval_s is None
+                else scale.interval_s)
     rng = random.Random(seed)
     default, tuned = _Phase(), _Phase()
     gaps: list[float] = []
