@@ -148,6 +148,7 @@ class Daemon:
         self.socket_path: Optional[str] = None
         self._metrics_http: Any = None
         self._reaper: Optional[asyncio.Task[None]] = None
+        self._gc_ticker: Optional[asyncio.Task[None]] = None
         self._stopped = False
         self.gc = GcPolicy(config.server.gc_freeze_interval_seconds)
 
@@ -173,7 +174,7 @@ class Daemon:
         settled = self.gc.settle(time.monotonic())
         if settled is not None:
             log.info("gc: %d objects frozen after start-up (collection and freeze took %.3fs)",
-                     settled.frozen_objects, settled.seconds)
+                     self.gc.frozen_objects, settled.seconds)
         await self.server.start()
         if self.socket_path:
             os.chmod(self.socket_path, self.config.listen.socket_mode)
@@ -181,6 +182,7 @@ class Daemon:
         if self.config.metrics.address:
             self._metrics_http = self.metrics.start_http(self.config.metrics.address)
         self._reaper = asyncio.get_running_loop().create_task(self._reap())
+        self._gc_ticker = asyncio.get_running_loop().create_task(self._gc_ticks())
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         log.info("kvkeeper %s serving: socket=%s tcp=%s metrics=%s arena=%s (%d pages of %d B) policy=%s "
@@ -201,8 +203,6 @@ class Daemon:
                     await self.disk.maintain()
                 report = self.ledger.expire(time.monotonic())
                 self.watch.tick(time.monotonic())
-                # After expiry, so that what it dropped is collected before the freeze.
-                self.gc.tick(time.monotonic())
             except Exception:  # noqa: BLE001 - the reaper must outlive a bug report
                 log.exception("expiry failed")
                 continue
@@ -210,6 +210,15 @@ class Daemon:
                 log.info("session end id=%s reason=expired", sid)
             if report.reservations:
                 log.info("reclaimed %d reservations that were never committed", len(report.reservations))
+
+    async def _gc_ticks(self) -> None:
+        """GcPolicy's ticks on a timer of their own: the interval may be under a second."""
+        while True:
+            await asyncio.sleep(self.gc.interval_s or REAP_INTERVAL_S)
+            try:
+                self.gc.tick(time.monotonic())
+            except Exception:  # noqa: BLE001 - as the reaper: outlive a bug report
+                log.exception("gc tick failed")
 
     def _auth_summary(self) -> str:
         parts = []
@@ -264,6 +273,8 @@ class Daemon:
         self.servicer.serving = False
         if self._reaper:
             self._reaper.cancel()
+        if self._gc_ticker:
+            self._gc_ticker.cancel()
         await self.server.stop(grace)
         # No request comes any more: hand the heap back to CPython's own GC.
         self.gc.release()
