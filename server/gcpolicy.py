@@ -15,9 +15,9 @@ What this does (process-wide: the GC belongs to the interpreter):
   one full collection, then `gc.freeze()`. Everything alive moves to the
   permanent generation, which no collection walks. `gc.freeze()` itself is
   O(1): CPython splices its generation lists.
-* thresholds: CPython's young ones (700, 10); the third is raised to
-  GEN2_THRESHOLD gen1 collections, so CPython's own full collections do not
-  start while ticks come (after a freeze `long_lived_total` is small, so with
+* thresholds: the young ones as found (CPython's 700, 10); the third is
+  raised to GEN2_THRESHOLD gen1 collections, so CPython's own full
+  collections do not start while ticks come (after a freeze `long_lived_total` is small, so with
   the default of 10 a full pass would start every ~10 gen1 collections and
   walk whatever survived since the last freeze, inside a request).
 * `tick(now)`, from a timer task of the daemon, between requests: every
@@ -25,7 +25,9 @@ What this does (process-wide: the GC belongs to the interpreter):
   not frozen, i.e. what survived since the previous tick: O(churn), not
   O(resident blocks)), then `gc.freeze()` again.
 * `release()`: `gc.unfreeze()` and the thresholds found at `settle()`
-  (daemon stop, turning the option off by reload).
+  (daemon stop, turning the option off by reload). One daemon per process is
+  the case this is made for: of two in one process (tests), the first to stop
+  unfreezes for both, and the other freezes again at its next tick.
 
 Leak risk. The GC never examines a frozen object again, so a reference cycle
 that is alive at a freeze and becomes garbage later is never reclaimed until
