@@ -102,8 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("bench", help="run the benchmark (kvkeeper bench --help)", add_help=False)
     sub.add_parser("experiment", add_help=False,
-                   help="unique vs shared prefix on a vLLM server (kvkeeper experiment --help); "
-                        "`kvkeeper verify replay --help`: the restart-and-replay check")
+                   help="unique vs shared prefix on a vLLM server (kvkeeper experiment --help)")
 
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=cmd_version)

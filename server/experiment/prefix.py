@@ -34,6 +34,7 @@ from .artifacts import environment, save_snapshot, write_json
 from .lifecycle import RestartError, restart
 from .openai_client import Backend, BackendError
 from .progress import Progress
+from .report import render
 from .summary import summarize
 from .workload import (DEFAULT_PREFIX_WORDS, WORKLOAD_ID, WORKLOAD_VERSION, pair, read_jsonl,
                        warmup_rows, write_jsonl)
@@ -73,17 +74,19 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--mode", choices=("dry-run", "real-backend"), default="dry-run",
                    help="dry-run (default): write the plan and workloads, send nothing")
-    p.add_argument("--backend-url", default="http://127.0.0.1:8000",
+    p.add_argument("--backend-url", metavar="URL", default="http://127.0.0.1:8000",
                    help="the OpenAI-compatible server (default http://127.0.0.1:8000)")
-    p.add_argument("--model", help="model name to request (default: the server's first model)")
-    p.add_argument("--num-prompts", type=_positive, default=12, help="requests per run (12)")
-    p.add_argument("--concurrency", type=_positive, default=4, help="requests in flight (4)")
-    p.add_argument("--max-tokens", type=_positive, default=32, help="output tokens (32)")
-    p.add_argument("--warmup", type=_non_negative, default=1,
+    p.add_argument("--model", metavar="NAME", help="model name to request (default: the server's first model)")
+    p.add_argument("--num-prompts", metavar="N", type=_positive, default=12, help="requests per run (12)")
+    p.add_argument("--concurrency", metavar="N", type=_positive, default=4, help="requests in flight (4)")
+    p.add_argument("--max-tokens", metavar="N", type=_positive, default=32, help="output tokens (32)")
+    p.add_argument("--warmup", metavar="N", type=_non_negative, default=1,
                    help="unmeasured requests before each run, sharing nothing with it (1)")
-    p.add_argument("--prefix-words", type=_positive, default=DEFAULT_PREFIX_WORDS,
+    p.add_argument("--prefix-words", metavar="N", type=_positive, default=DEFAULT_PREFIX_WORDS,
                    help=f"words of each context document ({DEFAULT_PREFIX_WORDS})")
-    p.add_argument("--label", default="default", help="run label, part of the default --out")
+    p.add_argument("--label", default="default",
+                   help="run label: part of the default --out and of every prompt (a new label "
+                        "gives new prompts, which neither vLLM nor the daemon holds yet)")
     p.add_argument("--out", metavar="DIR",
                    help="output folder (default ./kvkeeper-experiment-prefix-LABEL)")
     p.add_argument("--swap", action="store_true",
@@ -94,16 +97,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds --restart-cmd may take (600)")
     p.add_argument("--ready-timeout", type=float, default=600.0, metavar="S",
                    help="seconds to wait for /health or /v1/models after a restart (600)")
-    p.add_argument("--metrics-url", help="vLLM's metrics (default: BACKEND_URL/metrics)")
-    p.add_argument("--daemon-metrics-url",
+    p.add_argument("--metrics-url", metavar="URL", help="vLLM's metrics (default: BACKEND_URL/metrics)")
+    p.add_argument("--daemon-metrics-url", metavar="URL",
                    help="the kvkeeper daemon's metrics, e.g. http://127.0.0.1:9464/metrics "
                         "(without it the daemon's counters are unavailable)")
-    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+    p.add_argument("--api-key", metavar="KEY", default=os.environ.get("OPENAI_API_KEY"),
                    help="bearer token for the server (default $OPENAI_API_KEY)")
     p.add_argument("--request-timeout", type=float, default=600.0, metavar="S",
                    help="seconds one request may take (600)")
     p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                    help="let requests stop at EOS (default: ignore_eos, a fixed output length)")
+    p.add_argument("--settle-seconds", type=float, default=0.5, metavar="S",
+                   help="pause before each post-run scrape, for the last steps' counters (0.5)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     return p
 
@@ -153,8 +158,10 @@ def new_result(args: argparse.Namespace, runs: List[Dict[str, Any]],
 
 # --------------------------------------------------------------------------- real backend
 class Runner:
-    def __init__(self, args: argparse.Namespace, out: Path, result: Dict[str, Any]):
-        self.args, self.out, self.result = args, out, result
+    def __init__(self, args: argparse.Namespace, out: Path):
+        """ValueError on a malformed --backend-url (before anything is written)."""
+        self.args, self.out = args, out
+        self.result: Dict[str, Any] = {}
         self.backend = Backend(args.backend_url, args.api_key, args.request_timeout)
         self.vllm_metrics = mt.metrics_url(args.metrics_url or self.backend.base_url)
         self.daemon_metrics = mt.metrics_url(args.daemon_metrics_url) \
@@ -172,7 +179,9 @@ class Runner:
         self.snapshots.append(entry)
         return snaps
 
-    def go(self) -> None:
+    def go(self, result: Dict[str, Any]) -> None:
+        """Run the plan, appending to result["runs"]; raises BackendError, RestartError."""
+        self.result = result
         args, b = self.args, self.backend
         model, served = b.connect(args.model)
         self.result["environment"] = environment(b, self.daemon_metrics, served)
@@ -198,6 +207,7 @@ class Runner:
                        enabled=not args.quiet)
         records, wall = b.run(rows, model, args.concurrency, self.extra,
                               on_done=lambda r: bar.step(r.ok))
+        time.sleep(args.settle_seconds)
         post = self.snapshot(f"{name}_post")
         entry.update(summarize(records, wall))
         v, why_v = mt.deltas(pre["vllm"], post["vllm"], VLLM_COUNTERS)
@@ -265,6 +275,7 @@ def run(argv: Optional[Sequence[str]] = None) -> Tuple[int, Optional[Path]]:
         return (e.code if isinstance(e.code, int) else 0 if e.code is None else 2), None
     out = Path(args.out or f"kvkeeper-experiment-prefix-{args.label}").resolve()
     try:
+        runner = Runner(args, out) if args.mode == "real-backend" else None
         runs, workload = plan(args, out)
     except (OSError, ValueError) as e:
         print(f"kvkeeper experiment prefix: {e}", file=sys.stderr)
@@ -272,15 +283,10 @@ def run(argv: Optional[Sequence[str]] = None) -> Tuple[int, Optional[Path]]:
     result = new_result(args, runs, workload)
     result_path = out / "result.json"
     rc = 0
-    if args.mode == "real-backend":
-        try:
-            runner = Runner(args, out, result)
-        except ValueError as e:
-            print(f"kvkeeper experiment prefix: {e}", file=sys.stderr)
-            return 2, None
+    if runner is not None:
         t0 = time.monotonic()
         try:
-            runner.go()
+            runner.go(result)
         except (BackendError, RestartError, OSError) as e:
             result["failure"] = {"type": type(e).__name__, "message": str(e)}
         except KeyboardInterrupt:
@@ -295,7 +301,6 @@ def run(argv: Optional[Sequence[str]] = None) -> Tuple[int, Optional[Path]]:
             print(f"kvkeeper experiment prefix: {result['failure']['message']}", file=sys.stderr)
             rc = 1
     write_json(result_path, result)
-    from .report import render
     sys.stdout.write(render(result))
     print(f"result: {result_path}")
     return rc, result_path

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -64,11 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Send prompts, restart the server, replay them: pass "
                                             "only if kvkeeper served the replay, without load "
                                             "errors, with identical outputs.")
-    p.add_argument("--backend-url", required=True, help="the OpenAI-compatible server")
+    p.add_argument("--backend-url", metavar="URL", required=True, help="the OpenAI-compatible server")
     p.add_argument("--prompts", required=True, type=Path, metavar="FILE",
                    help="JSONL, one {\"prompt\": ...} a line (the experiment's workloads fit)")
-    p.add_argument("--model", help="model name (default: the server's first model)")
-    p.add_argument("--max-tokens", type=int, default=None,
+    p.add_argument("--model", metavar="NAME", help="model name (default: the server's first model)")
+    p.add_argument("--max-tokens", metavar="N", type=int, default=None,
                    help="output tokens of every prompt (default: the file's, else 32)")
     p.add_argument("--restart-cmd", metavar="CMD", help="shell command restarting the server")
     p.add_argument("--wait-seconds", type=float, metavar="S",
@@ -79,13 +80,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds to wait for the server after the restart (600)")
     p.add_argument("--expect-hit-tokens", type=_rule, default="full-blocks", metavar="RULE",
                    help="full-blocks (default), any, or a number of tokens")
-    p.add_argument("--block-size", type=int, help="tokens per block (default: from vLLM's metrics)")
-    p.add_argument("--metrics-url", help="vLLM's metrics (default: BACKEND_URL/metrics)")
-    p.add_argument("--daemon-metrics-url", help="the kvkeeper daemon's metrics (recorded)")
-    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"))
+    p.add_argument("--block-size", metavar="B", type=int, help="tokens per block (default: from vLLM's metrics)")
+    p.add_argument("--metrics-url", metavar="URL", help="vLLM's metrics (default: BACKEND_URL/metrics)")
+    p.add_argument("--daemon-metrics-url", metavar="URL", help="the kvkeeper daemon's metrics (recorded)")
+    p.add_argument("--api-key", metavar="KEY", default=os.environ.get("OPENAI_API_KEY"),
+                   help="bearer token for the server (default $OPENAI_API_KEY)")
     p.add_argument("--request-timeout", type=float, default=600.0, metavar="S")
     p.add_argument("--out", type=Path, metavar="REPORT.json",
                    help="write the JSON report (and the raw metrics beside it)")
+    p.add_argument("--settle-seconds", type=float, default=0.5, metavar="S",
+                   help="pause before each post-phase scrape, for the last steps' counters (0.5)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     return p
 
@@ -134,6 +138,7 @@ class Check:
         bar = Progress(name, len(self.rows), enabled=not self.args.quiet)
         records, _ = self.backend.run(self.rows, model, 1, {"temperature": 0.0},
                                       on_done=lambda r: bar.step(r.ok))
+        time.sleep(self.args.settle_seconds)
         return records
 
     def go(self) -> None:
@@ -194,6 +199,8 @@ class Check:
         got = rep["replay"]["counters"][mt.CONNECTOR_HIT_TOKENS]
         rep["expected_hit_tokens"] = {"rule": rule, "tokens": want, "basis": basis}
         rep["observed_hit_tokens"] = got
+        if self.daemon_url:   # the daemon's own count of the same replay, side by side
+            rep["daemon_hit_tokens"] = rep["replay"]["counters"][mt.DAEMON_HIT_TOKENS]
         if got == mt.UNAVAILABLE:
             ok, detail = False, f"{mt.CONNECTOR_HIT_TOKENS} unavailable: " \
                                 f"{rep['replay']['counters_unavailable'][mt.CONNECTOR_HIT_TOKENS]}"
@@ -237,6 +244,9 @@ def render(rep: Dict[str, Any]) -> str:
              f"{rep.get('prompts')}, model {rep.get('model') or '?'})"]
     for c in rep.get("conditions") or ():
         lines.append(f"  [{'ok' if c['passed'] else 'FAIL':>4}] {c['name']:<12} {c['detail']}")
+    if "daemon_hit_tokens" in rep:
+        lines.append(f"  replay hit tokens: vLLM {rep.get('observed_hit_tokens')}, "
+                     f"daemon {rep['daemon_hit_tokens']} ({mt.DAEMON_HIT_TOKENS})")
     if rep.get("failure"):
         lines.append(f"  failure: {rep['failure']['type']}: {rep['failure']['message']}")
     if rep["failed"]:

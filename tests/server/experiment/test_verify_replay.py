@@ -31,7 +31,8 @@ def verify(fake: FakeServer, prompts: Path, tmp_path: Path, *extra: str,
            operator: bool = False) -> Dict[str, Any]:
     """Run the check; the fake's restart command unless `operator` or extra names another."""
     out = tmp_path / "report.json"
-    argv = ["--backend-url", fake.url, "--prompts", str(prompts), "--out", str(out), "-q", *extra]
+    argv = ["--backend-url", fake.url, "--prompts", str(prompts), "--out", str(out), "-q",
+            "--settle-seconds", "0", *extra]
     if not operator and "--restart-cmd" not in extra:
         argv += ["--restart-cmd", fake.restart_cmd]
     rc, path = replay.run(argv)
@@ -62,7 +63,7 @@ def test_pass(prompts: Path, tmp_path: Path, capsys: Any) -> None:
     assert rep["observed_hit_tokens"] == observed > 0
     assert rep["expected_hit_tokens"]["tokens"] == observed
     assert "token ids from /tokenize" in rep["expected_hit_tokens"]["basis"]
-    assert rep["replay"]["counters"][mt.DAEMON_HIT_TOKENS] == observed
+    assert rep["replay"]["counters"][mt.DAEMON_HIT_TOKENS] == observed == rep["daemon_hit_tokens"]
     assert rep["baseline"]["counters"][mt.CONNECTOR_HIT_TOKENS] == 0
     assert len(rep["prompts_detail"]) == 6
     for p in rep["prompts_detail"]:
@@ -71,6 +72,7 @@ def test_pass(prompts: Path, tmp_path: Path, capsys: Any) -> None:
         assert (tmp_path / rep["snapshots"][name]["path"]).read_text().startswith("#")
     out = capsys.readouterr().out
     assert out.startswith("verify replay: PASS") and "[  ok] hit_tokens" in out
+    assert f"replay hit tokens: vLLM {observed}, daemon {observed}" in out
 
 
 def test_no_external_hits_fails_hit_tokens(prompts: Path, tmp_path: Path, capsys: Any) -> None:
