@@ -228,3 +228,13 @@ def test_report_bad_file(tmp_path: Path, capsys: Any) -> None:
     assert report.main([str(path)]) == 2
     assert report.main([str(tmp_path / "missing.json")]) == 2
     assert cli_main(["experiment", "nope"]) == 2
+
+
+def test_restart_command_may_leave_a_server_in_the_background(tmp_path: Path) -> None:
+    # A restart command that starts the new server in the background leaves a child
+    # holding its stdout; the command's end must not wait for that child's.
+    with FakeServer() as fake:
+        result = real(fake, tmp_path, "--restart-timeout", "4",
+                      "--restart-cmd", f"sleep 8 & {fake.restart_cmd}")
+        assert fake.state.generation == 1
+    assert result["_rc"] == 0 and result["failure"] is None
