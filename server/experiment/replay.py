@@ -24,7 +24,8 @@ It passes only if all of these hold (each is named in the report):
                any: more than zero;  N: at least N;
   load_errors  vllm:kvkeeper_load_errors_total, _load_error_blocks_total and
                _checksum_errors_total did not rise in either phase (and the
-               daemon's kvkeeper_disk_checksum_failures_total, when scraped);
+               daemon's kvkeeper_disk_checksum_failures_total, when scraped and
+               exported: the daemon has it with a disk tier);
                a counter that is not exported fails this: it cannot be checked;
   outputs      every replay output equals its baseline output.
 Exit status: 0 pass, 1 fail (or the server could not be used), 2 usage error.
@@ -215,7 +216,12 @@ class Check:
         if not ok and None not in marks and marks[0] == marks[1]:
             detail += f"; {RESTART_MARK} did not change: was the server restarted?"
         conds.append({"name": "hit_tokens", "passed": ok, "detail": detail})
-        names = list(ERROR_COUNTERS) + ([mt.DAEMON_DISK_CHECKSUM_FAILURES] if self.daemon_url else [])
+        names = list(ERROR_COUNTERS)
+        # The daemon exports its disk checksum counter only with a disk tier: checked
+        # where exported, and (unavailable, failing) where a daemon scrape failed.
+        daemon = [snaps["daemon"] for snaps in self.snaps.values()] if self.daemon_url else []
+        if any(not d.ok or mt.DAEMON_DISK_CHECKSUM_FAILURES in d.samples for d in daemon):
+            names.append(mt.DAEMON_DISK_CHECKSUM_FAILURES)
         errs = []
         for phase in ("baseline", "replay"):
             for name in names:

@@ -40,6 +40,7 @@ class FakeState:
     outputs_change_on_restart: bool = False
     load_errors_after_restart: int = 0  # load errors counted per loading request after a restart
     tokenize: bool = True
+    daemon_disk_tier: bool = True       # the daemon exports its disk checksum counter
     token_delay_s: float = 0.0005
     # state
     local: Set[Tuple[int, ...]] = field(default_factory=set)
@@ -138,7 +139,10 @@ class FakeState:
                      "kvkeeper_disk_checksum_failures_total"):
             lines.append(f"# TYPE {name[:-len('_total')]} counter")
             if name == "kvkeeper_disk_checksum_failures_total":
-                lines.append(f"{name} 0.0")
+                if self.daemon_disk_tier:
+                    lines.append(f"{name} 0.0")
+                else:
+                    lines.pop()
                 continue
             for tier in ("host", "disk"):
                 lines.append(f'{name}{{tier="{tier}"}} {self.daemon.get(name, {}).get(tier, 0.0)}')

@@ -75,6 +75,21 @@ def test_pass(prompts: Path, tmp_path: Path, capsys: Any) -> None:
     assert f"replay hit tokens: vLLM {observed}, daemon {observed}" in out
 
 
+def test_daemon_without_disk_tier(prompts: Path, tmp_path: Path) -> None:
+    # kvkeeper_disk_checksum_failures_total exists only with a disk tier: not required
+    with FakeServer(daemon_disk_tier=False) as fake:
+        rep = verify(fake, prompts, tmp_path, "--daemon-metrics-url", fake.daemon_metrics_url)
+    assert rep["_rc"] == 0
+    detail = next(c["detail"] for c in rep["conditions"] if c["name"] == "load_errors")
+    assert mt.DAEMON_DISK_CHECKSUM_FAILURES not in detail
+    # a daemon that cannot be scraped at all leaves it unchecked: that fails
+    with FakeServer() as fake:
+        rep = verify(fake, prompts, tmp_path, "--daemon-metrics-url", "http://127.0.0.1:9/metrics")
+    assert rep["failed"] == ["load_errors"]
+    detail = next(c["detail"] for c in rep["conditions"] if c["name"] == "load_errors")
+    assert f"{mt.DAEMON_DISK_CHECKSUM_FAILURES} unavailable" in detail
+
+
 def test_no_external_hits_fails_hit_tokens(prompts: Path, tmp_path: Path, capsys: Any) -> None:
     with FakeServer(wipe_store_on_restart=True) as fake:
         rep = verify(fake, prompts, tmp_path)
