@@ -9,11 +9,14 @@ from __future__ import annotations
 import importlib.metadata
 import subprocess
 import sys
+from typing import Any, Dict
 
 import pytest
 
 from kvkeeper.connector.keys import full_blocks, hit_tokens
-from serving_client import complete, scrape
+from kvkeeper.server.experiment.metrics_text import fetch
+from kvkeeper.server.experiment.openai_client import Backend, RequestRecord
+from kvkeeper.server.experiment.workload import Row
 from serving_harness import VLLM_SERVE
 
 BLOCK = 32
@@ -24,6 +27,21 @@ WORDS = ("the shared prefix of every request is a long system prompt that the ca
 
 def long_prompt(tag: str, words: int = 400) -> str:
     return tag + " " + " ".join(f"{WORDS[(i * 7) % len(WORDS)]}{i % 89}" for i in range(words))
+
+
+def complete(serving: Any, prompt: str) -> RequestRecord:
+    """One greedy streaming /v1/completions request, with the experiment commands' client."""
+    rec = Backend(serving.url, timeout=120).complete(
+        Row(id="smoke", prompt=prompt, max_tokens=MAX_TOKENS, prefix_id="smoke"), serving.model,
+        {"temperature": 0, "ignore_eos": True})
+    assert rec.ok, rec.error
+    return rec
+
+
+def scrape(url: str) -> Dict[str, float]:
+    snap = fetch(url)
+    assert snap.ok, snap.error
+    return snap.samples
 
 
 def expected_vllm_version() -> str:
@@ -50,9 +68,9 @@ def test_wrapper_answers_the_version_lookup_of_the_installed_build() -> None:
 
 def test_restarted_server_loads_the_prefix_from_the_daemon(serving) -> None:
     prompt = long_prompt("smoke")
-    first = complete(serving.url, serving.model, prompt, MAX_TOKENS)
-    second = complete(serving.url, serving.model, prompt, MAX_TOKENS)
-    assert first.completion_tokens == second.completion_tokens == MAX_TOKENS
+    first = complete(serving, prompt)
+    second = complete(serving, prompt)
+    assert first.output_tokens == second.output_tokens == MAX_TOKENS
     assert first.text and second.text == first.text
     assert first.prompt_tokens > 20 * BLOCK, first.prompt_tokens
     before = scrape(serving.server_metrics_url)
@@ -62,7 +80,7 @@ def test_restarted_server_loads_the_prefix_from_the_daemon(serving) -> None:
 
     serving.restart()
     fresh = scrape(serving.server_metrics_url)
-    replay = complete(serving.url, serving.model, prompt, MAX_TOKENS)
+    replay = complete(serving, prompt)
     after = scrape(serving.server_metrics_url)
     daemon_after = scrape(serving.metrics_url)
 
