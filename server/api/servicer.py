@@ -16,10 +16,10 @@ import grpc
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 
-from ..errors import FailedPrecondition, Unavailable
-from ..ids import SessionId
-from ..ledger import Block, Ledger
-from .convert import SLOT_TO_PB, descriptor_from_pb, tier_to_pb
+from ..errors import FailedPrecondition, InvalidArgument, Unavailable
+from ..ids import LeaseId, SessionId
+from ..ledger import Block, Lease, Ledger
+from .convert import SLOT_TO_PB, descriptor_from_pb, report_from_pb, tier_to_pb
 from .status import status_for
 
 log = logging.getLogger("kvkeeper.api")
@@ -128,9 +128,11 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
     async def Match(self, request: pb.MatchRequest, context: Any) -> pb.MatchResponse:
         sid = SessionId(request.session_id)
         if self.disk is not None:
-            r = await self.disk.match(sid, request.keys, lease=request.lease)
+            r = await self.disk.match(sid, request.keys, lease=request.lease,
+                                      report_use=request.report_use)
         else:
-            r = self.ledger.match(sid, request.keys, lease=request.lease, now=self.clock())
+            r = self.ledger.match(sid, request.keys, lease=request.lease, now=self.clock(),
+                                  report_use=request.report_use)
         tiers = r.tiers
         if tiers and tiers.count(tiers[0]) == len(tiers):
             pb_tiers = [tier_to_pb(tiers[0])] * len(tiers)
@@ -142,21 +144,24 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             # the arena before it), so its blocks are arena blocks, still pinned.
             # Taken from the table, not ledger.lease(): nothing may fail once a
             # lease exists that the client would never hear of.
-            self._block_refs(self.ledger.leases[r.lease_id].blocks, resp.blocks)
+            self._block_refs(self.ledger.leases[r.lease_id], resp.blocks)
         return resp
 
     @_observed
     async def Load(self, request: pb.LoadRequest, context: Any) -> pb.LoadResponse:
         lease = self.ledger.lease(SessionId(request.session_id), request.lease_id, self.clock())
         resp = pb.LoadResponse()
-        self._block_refs(lease.blocks, resp.blocks)
+        self._block_refs(lease, resp.blocks)
         return resp
 
-    def _block_refs(self, blocks: Iterable[Block], out: Any) -> None:
-        """Append a BlockRef per block to `out` (a repeated BlockRef field): Load's
-        answer, or Match's with blocks=true. The client copies the bytes itself,
-        so handing out the refs is where a same-host load is counted, with no
-        duration the daemon could see."""
+    def _block_refs(self, lease: Lease, out: Any) -> None:
+        """Append a BlockRef per leased block to `out` (a repeated BlockRef field):
+        Load's answer, or Match's with blocks=true. The client copies the bytes
+        itself, so handing out the refs is where a same-host load is counted,
+        with no duration the daemon could see; for a report_use lease, when
+        the Release reports which blocks were loaded."""
+        lease.refs_out = True
+        blocks: Iterable[Block] = lease.blocks
         nbytes = 0
         # Built in place with add(): about half the cost of building and copying sub-messages.
         for b in blocks:
@@ -165,7 +170,8 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             for o, n in self._extents(b):
                 ref.extents.add(offset=o, length=n)
             nbytes += b.ns.block_bytes
-        self.metrics.observe_transfer("load", "shm", nbytes, None)
+        if not lease.report_use:
+            self.metrics.observe_transfer("load", "shm", nbytes, None)
 
     @_observed_stream
     async def LoadStream(self, request: pb.LoadRequest, context: Any) -> AsyncIterator[pb.BlockChunk]:
@@ -189,8 +195,20 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
 
     @_observed
     async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseResponse:
-        self.ledger.release(SessionId(request.session_id), request.lease_id, self.clock(),
-                            discard=request.discard, discard_indices=request.discard_indices)
+        sid, now = SessionId(request.session_id), self.clock()
+        if request.keep_blocks:
+            if request.discard or request.discard_indices or request.HasField("report"):
+                raise InvalidArgument("keep_blocks narrows a lease: send discards and the "
+                                      "report with the Release that ends it")
+            self.ledger.narrow(sid, request.lease_id, request.keep_start, request.keep_blocks, now)
+            return pb.ReleaseResponse()
+        report = report_from_pb(request.report) if request.HasField("report") else None
+        lease = self.ledger.leases.get(LeaseId(request.lease_id))
+        loaded = self.ledger.release(sid, request.lease_id, now, discard=request.discard,
+                                     discard_indices=request.discard_indices, report=report)
+        if loaded and lease is not None and lease.refs_out:
+            self.metrics.observe_transfer("load", "shm", loaded * lease.session.ns.block_bytes,
+                                          None)
         return pb.ReleaseResponse()
 
     # ------------------------------------------------------------ save
@@ -258,6 +276,7 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
     @_observed
     async def Stats(self, request: pb.StatsRequest, context: Any) -> pb.StatsResponse:
         L = self.ledger
+        u = L.usage
         tiers = []
         for t in L.tiers.values():
             pb_ = t.page_bytes
@@ -280,4 +299,7 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             namespaces=len(L.namespaces), lookups=L.lookups, lookup_keys=L.lookup_keys,
             hit_blocks=sum(t.hit_blocks for t in L.tiers.values())
             + (self.disk.index.hit_blocks if self.disk is not None else 0),
-            eviction_policy=L.config.policy)
+            eviction_policy=L.config.policy,
+            hit_tokens=sum(t.hit_tokens for t in L.tiers.values()),
+            lookup_blocks=u.lookup_blocks, lookup_tokens=u.lookup_tokens,
+            prompt_blocks=u.prompt_blocks, prompt_tokens=u.prompt_tokens)
