@@ -207,6 +207,7 @@ class LedgerCollector:
         name = "disk"
         used, evictable = idx.used_bytes, idx.evictable_bytes
         fam("hit_blocks").add_metric([name], idx.hit_blocks)
+        fam("hit_tokens").add_metric([name], disk.ledger.usage.lower_hit_tokens)
         fam("saved_blocks").add_metric([name], idx.written_blocks)
         fam("saved_bytes").add_metric([name], idx.written_bytes)
         ev = idx.evictions

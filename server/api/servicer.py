@@ -270,6 +270,6 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             hit_blocks=sum(t.hit_blocks for t in L.tiers.values())
             + (self.disk.index.hit_blocks if self.disk is not None else 0),
             eviction_policy=L.config.policy,
-            hit_tokens=sum(t.hit_tokens for t in L.tiers.values()),
+            hit_tokens=sum(t.hit_tokens for t in L.tiers.values()) + u.lower_hit_tokens,
             lookup_blocks=u.lookup_blocks, lookup_tokens=u.lookup_tokens,
             prompt_blocks=u.prompt_blocks, prompt_tokens=u.prompt_tokens)

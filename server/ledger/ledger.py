@@ -21,7 +21,7 @@ from .sessions import SessionTable
 from .states import BlockState, Event, next_state
 from .tier import Tier, TierSpec
 from .units import pages_for_bytes
-from .usage import LookupReport, Usage, count_hits
+from .usage import LookupReport, Usage
 
 S, E = BlockState, Event
 
@@ -195,7 +195,7 @@ class Ledger:
                 b.last_used = now
             if not report_use:
                 self.usage.asked(session.ns, len(keys))
-                count_hits(session.ns, hit, self.top, len(self.tiers) == 1, counted_elsewhere)
+                self.usage.hits(session.ns, hit, self.top, len(self.tiers) == 1, counted_elsewhere)
         lease_id = None
         if lease and hit:
             for b in hit:
@@ -245,8 +245,8 @@ class Ledger:
         if report is not None:
             # Validated above: nothing fails from here on.
             self.usage.reported(lease.session.ns, report)
-            count_hits(lease.session.ns, loaded, self.top, len(self.tiers) == 1,
-                       lease.lower, first=report.local_blocks)
+            self.usage.hits(lease.session.ns, loaded, self.top, len(self.tiers) == 1,
+                            lease.lower, first=report.local_blocks)
         self._release(lease, discard=drop, now=now)
         self.renew(lease.session, now)
         return len(loaded)

@@ -27,7 +27,7 @@ from ..errors import InvalidArgument
 from .records import Block, Namespace
 from .tier import Tier
 
-__all__ = ["LookupReport", "Usage", "count_hits", "counts_tokens"]
+__all__ = ["LookupReport", "Usage", "counts_tokens"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,8 @@ class Usage:
         self.prompt_blocks = 0   # full blocks of the prompts clients reported
         self.prompt_tokens = 0
         self.reports = 0
+        # Tokens of hits a lower tier served (the disk tier counts their blocks).
+        self.lower_hit_tokens = 0
 
     def asked(self, ns: Namespace, blocks: int) -> None:
         self.lookup_blocks += blocks
@@ -82,20 +84,21 @@ class Usage:
             self.prompt_tokens += report.prompt_tokens
         self.asked(ns, report.prompt_blocks - report.local_blocks)
 
-
-def count_hits(ns: Namespace, hit: Sequence[Block], top: Tier, single_tier: bool,
-               counted_elsewhere: Collection[int] = (), first: int = 0) -> None:
-    """Count `hit` (blocks at lookup positions first, first+1, ...) as hits of
-    their tiers; those at positions in counted_elsewhere were counted by a
-    lower tier when it served them."""
-    if not hit:
-        return
-    tokens = ns.block_tokens if counts_tokens(ns) else 0
-    if single_tier and not counted_elsewhere:
-        top.hit_blocks += len(hit)
-        top.hit_tokens += len(hit) * tokens
-        return
-    for i, b in enumerate(hit, start=first):
-        if i not in counted_elsewhere:
-            b.tier.hit_blocks += 1
-            b.tier.hit_tokens += tokens
+    def hits(self, ns: Namespace, hit: Sequence[Block], top: Tier, single_tier: bool,
+             counted_elsewhere: Collection[int] = (), first: int = 0) -> None:
+        """Count `hit` (blocks at lookup positions first, first+1, ...) as hits of
+        their tiers; the blocks at positions in counted_elsewhere were counted
+        by a lower tier when it served them, their tokens here."""
+        if not hit:
+            return
+        tokens = ns.block_tokens if counts_tokens(ns) else 0
+        if single_tier and not counted_elsewhere:
+            top.hit_blocks += len(hit)
+            top.hit_tokens += len(hit) * tokens
+            return
+        for i, b in enumerate(hit, start=first):
+            if i in counted_elsewhere:
+                self.lower_hit_tokens += tokens
+            else:
+                b.tier.hit_blocks += 1
+                b.tier.hit_tokens += tokens
