@@ -313,8 +313,11 @@ def test_daemon_hit_tokens_equal_vllms_when_vllms_own_cache_holds_part(cluster: 
         time.sleep(0.05)
     s1 = cluster.daemon.stats()
     m1 = {e: eng.metrics() for e, eng in engines.items()}
-    vllm = {e: m1[e].get("vllm:kvkeeper_hit_tokens", 0) - m0[e].get("vllm:kvkeeper_hit_tokens", 0)
-            for e in engines}
+    def delta(name: str) -> Dict[str, float]:
+        return {e: m1[e].get(name, 0) - m0[e].get(name, 0) for e in engines}
+
+    vllm = delta("vllm:kvkeeper_hit_tokens")
+    external = delta("vllm:external_prefix_cache_hits")   # counted by vLLM's scheduler
     daemon = s1.hit_tokens - s0.hit_tokens
     last_token_rule = sum(1 for (p, _, _), h in zip(served, got) if h and len(p) % BS == 0)
     asked = sum(len(p) // BS for p in saved) + sum(len(p) // BS - own for p, own, _ in served)
@@ -322,10 +325,10 @@ def test_daemon_hit_tokens_equal_vllms_when_vllms_own_cache_holds_part(cluster: 
           f"deltas: {sum(vllm.values())} (A {vllm['a']}, B {vllm['b']}); last-token rule: "
           f"{last_token_rule}; per request on B: {got}; daemon lookup_tokens delta "
           f"{s1.lookup_tokens - s0.lookup_tokens}, prompt_tokens delta "
-          f"{s1.prompt_tokens - s0.prompt_tokens}; B's own prefix-cache hits delta "
-          f"{m1['b'].get('vllm:prefix_cache_hits', 0) - m0['b'].get('vllm:prefix_cache_hits', 0)}")
+          f"{s1.prompt_tokens - s0.prompt_tokens}; vllm:external_prefix_cache_hits deltas "
+          f"{external}")
     assert got == [h for _, _, h in served]
-    assert vllm["a"] == 0 and vllm["b"] == sum(got)
+    assert vllm["a"] == 0 and vllm["b"] == sum(got) == external["b"]
     assert daemon == sum(vllm.values()) + last_token_rule
     assert s1.lookup_tokens - s0.lookup_tokens == asked * BS
     assert s1.prompt_tokens - s0.prompt_tokens == prompts
