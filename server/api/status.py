@@ -6,6 +6,7 @@ else is the daemon's fault: logged with its traceback, answered INTERNAL.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import grpc
 
@@ -38,3 +39,16 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.INTERNAL, cap(f"internal error (ledger invariant): {exc}")
     log.error("unexpected error: %r", exc, exc_info=exc)
     return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}; see the daemon log"
+
+
+def set_status(context: Any, code: grpc.StatusCode, msg: str) -> None:
+    """Put a status on the call without raising.
+
+    Not context.abort(): the AbortError it raises stays referenced by the
+    call's state, which its traceback's frames reference back (RPCState ->
+    AbortError -> traceback -> handler frame -> context -> RPCState). Only the
+    cyclic GC frees that, and never once it is frozen (server/gcpolicy.py).
+    A handler returns after this; grpc.aio then sends the status and no message.
+    """
+    context.set_code(code)
+    context.set_details(msg)
