@@ -178,12 +178,14 @@ class Daemon:
         if settled is not None:
             log.info("gc: %d objects frozen after start-up (collection and freeze took %.3fs)",
                      self.gc.frozen_objects, settled.seconds)
+        # Metrics first: once the socket accepts, /metrics answers too (probes and
+        # scrapers that wait for the socket then scrape at once).
+        if self.config.metrics.address:
+            self._metrics_http = self.metrics.start_http(self.config.metrics.address)
         await self.server.start()
         if self.socket_path:
             os.chmod(self.socket_path, self.config.listen.socket_mode)
             give_group(self.socket_path, self._gid)
-        if self.config.metrics.address:
-            self._metrics_http = self.metrics.start_http(self.config.metrics.address)
         self._reaper = asyncio.get_running_loop().create_task(self._reap())
         self._gc_ticker = asyncio.get_running_loop().create_task(self._gc_ticks())
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
