@@ -26,10 +26,12 @@ from kvkeeper.v1 import admin_pb2, admin_pb2_grpc, kvkeeper_pb2, kvkeeper_pb2_gr
 from . import logsetup
 from .access import give_group, resolve_group
 from .api.admin import AdminServicer
+from .api.decoding import add_guarded
 from .api.servicer import KVKeeperServicer
 from .auth import AuthInterceptor, AuthPolicy, check_exposure, server_credentials
 from .config import Config, ConfigError
 from .ledger import Ledger
+from .ledger.sessions import tag
 from .metrics import Metrics
 from .reload import plan_reload
 from .sdnotify import notify as sd_notify
@@ -122,7 +124,8 @@ class Daemon:
         self.auth: Optional[AuthPolicy] = None
         interceptors = []
         if self.tokens is not None:
-            self.auth = AuthPolicy(self.tokens, mutual_tls=bool(config.tls.client_ca_file))
+            self.auth = AuthPolicy(self.tokens, mutual_tls=bool(config.tls.client_ca_file),
+                                   require_token_on_socket=config.auth.require_token_on_socket)
             interceptors.append(AuthInterceptor(self.auth))
         self.server = grpc.aio.server(options=opts, interceptors=interceptors)
         self.servicer = KVKeeperServicer(
@@ -130,12 +133,12 @@ class Daemon:
             max_message_bytes=config.server.max_message_bytes, disk=self.disk)
         if self.auth is not None:
             self.servicer.authorize_namespace = self.auth.check_namespace
-        kvkeeper_pb2_grpc.add_KVKeeperServicer_to_server(self.servicer, self.server)
+        add_guarded(kvkeeper_pb2_grpc.add_KVKeeperServicer_to_server, self.servicer, self.server)
         services = [SERVICE_NAME]
         self.admin: Optional[AdminServicer] = None
         if config.admin.enabled:
             self.admin = AdminServicer(self.ledger, self.servicer, self.disk)
-            admin_pb2_grpc.add_KVKeeperAdminServicer_to_server(self.admin, self.server)
+            add_guarded(admin_pb2_grpc.add_KVKeeperAdminServicer_to_server, self.admin, self.server)
             services.append(ADMIN_SERVICE_NAME)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -197,7 +200,7 @@ class Daemon:
                 log.exception("expiry failed")
                 continue
             for sid in report.sessions:
-                log.info("session end id=%s reason=expired", sid)
+                log.info("session end %s reason=expired", tag(sid))
             if report.reservations:
                 log.info("reclaimed %d reservations that were never committed", len(report.reservations))
 

@@ -174,6 +174,9 @@ class AuthSection:
     allow_insecure_tcp: bool = _opt(False, "bool", "let listen.tcp bind a non-loopback address "
                                     "with neither tokens nor mutual TLS (only behind a "
                                     "firewall or a container network you trust)")
+    require_token_on_socket: bool = _opt(False, "bool", "unix-socket callers must send a bearer "
+                                         "token too (needs auth.tokens_file): for hosts where "
+                                         "the socket's group is wider than one trust domain")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import logging
 import grpc
 
 from .. import errors
+from ..quoting import cap
 
 log = logging.getLogger("kvkeeper.api")
 
@@ -27,11 +28,13 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
 
 
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The code and message for `exc`. Messages quote client values through
+    quoting.clip(); cap() is the last guard against an answer gRPC would refuse."""
     for cls, code in _CODES:
         if isinstance(exc, cls):
-            return code, str(exc)
+            return code, cap(str(exc))
     if isinstance(exc, errors.InvariantViolation):
         log.critical("LEDGER INVARIANT BROKEN: %s", exc, exc_info=exc)
-        return grpc.StatusCode.INTERNAL, f"internal error (ledger invariant): {exc}"
+        return grpc.StatusCode.INTERNAL, cap(f"internal error (ledger invariant): {exc}")
     log.error("unexpected error: %r", exc, exc_info=exc)
     return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}; see the daemon log"
