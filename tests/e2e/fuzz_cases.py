@@ -307,6 +307,8 @@ class Generator:
             offset += n
             if rng.random() < 0.2:
                 index, offset = (index + 1) & 0xFFFFFFFF, 0
+        if not out:
+            case.notes.append("empty-stream")   # names no session at all
         return out
 
     # -------------------------------------------------------------- one case
@@ -392,7 +394,8 @@ class Generator:
     def _expect(self, case: Case) -> None:
         """Narrow the allowed codes where the request's meaning is plain."""
         meta, ident = case.meta, case.ident
-        if meta is None or case.kind != "typed" or ident.owner is None or meta.admin:
+        if meta is None or case.kind != "typed" or ident.owner is None or meta.admin or \
+                "empty-stream" in case.notes:
             return
         if "sid=other" in case.notes or "sid=other-closed" in case.notes or \
                 "sid=forged" in case.notes or "sid=never" in case.notes:
