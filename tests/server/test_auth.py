@@ -44,6 +44,15 @@ def test_non_loopback_tcp_without_credentials_is_a_config_error() -> None:
         check_exposure(config(**{"listen.tcp": "0.0.0.0:0"}), TokenTable())
 
 
+def test_require_token_on_socket_needs_tokens() -> None:
+    on = {"auth.require_token_on_socket": True}
+    for table in (None, TokenTable()):
+        with pytest.raises(ConfigError) as info:
+            check_exposure(config(**on), table)
+        assert info.value.key == "auth.require_token_on_socket"
+    check_exposure(config(**on), TABLE)
+
+
 def test_non_loopback_tcp_with_tokens_mtls_or_an_explicit_opt_out(caplog) -> None:
     with caplog.at_level(logging.WARNING):
         check_exposure(config(**{"listen.tcp": "0.0.0.0:0"}), TABLE)
