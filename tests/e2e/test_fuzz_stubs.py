@@ -35,6 +35,7 @@ from kvkeeper.client import AsyncClient
 from kvkeeper.v1 import admin_pb2 as apb
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
+from daemon_process import two_tenants_and_ops, write_tokens
 from fuzz_cases import (BLOCK, HEALTH, METHODS, OWNER_IDENT, OWNERS, TOKEN_A, TOKEN_B,
                         TOKEN_OPS, Case, Generator, Ident, OwnerState, Pool)
 
@@ -63,20 +64,7 @@ MAX_DETAILS = 1024
 # checked where it is counted: no INTERNAL in kvkeeper_rpc_errors_total.
 CLIENT_STREAM_ARTIFACT = ("INTERNAL", "Internal error from Core")
 
-TOKENS = f"""
-[tokens.tenant-a]
-token = "{TOKEN_A}"
-models = ["model-a"]
-
-[tokens.tenant-b]
-token = "{TOKEN_B}"
-models = ["model-b"]
-
-[tokens.ops]
-token = "{TOKEN_OPS}"
-models = ["*"]
-admin = true
-"""
+TOKENS = two_tenants_and_ops(TOKEN_A, TOKEN_B, TOKEN_OPS)
 
 
 class ErrorLog(logging.Handler):
@@ -383,10 +371,7 @@ def check_stats(stats: Any, ledger: Any) -> None:
 
 @pytest.fixture
 def tokens_file(tmp_path: Path) -> str:
-    p = tmp_path / "tokens.toml"
-    p.write_text(TOKENS)
-    p.chmod(0o600)
-    return str(p)
+    return write_tokens(tmp_path, TOKENS)
 
 
 def report_path(tmp_path: Path) -> Path:
