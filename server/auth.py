@@ -38,7 +38,7 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 import grpc
 
 from . import errors, identity
-from .api.status import status_for
+from .api.status import abort, status_for
 from .config import Config, ConfigError, parse_address
 from .ids import Identity
 from .quoting import clip
@@ -225,7 +225,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             self.refusals.log("auth: refused %s from %s: %s", method, context.peer(), exc,
                               method=method, peer=context.peer())
             code, msg = status_for(exc)
-            await context.abort(code, msg)
+            await abort(context, code, msg)
         # The handler runs in this same task: it reads who the caller is from here.
         identity.CURRENT.set(caller.identity)
 
