@@ -79,8 +79,9 @@ class ErrorLog(logging.Handler):
 
 
 class Fuzzer:
-    def __init__(self, daemon: Any, unix: Any, tcp: Any) -> None:
+    def __init__(self, daemon: Any, unix: Any, tcp: Any, errors: "ErrorLog") -> None:
         self.daemon = daemon
+        self.errors = errors
         self.channels = {"unix": unix, "tcp": tcp}
         self.pool = Pool()
         self.gen = Generator(SEED, self.pool, MAX_KEYS, MAX_MESSAGE)
@@ -277,8 +278,15 @@ class Fuzzer:
 
     async def one(self, index: int) -> None:
         case = self.gen.case(index)
+        logged = len(self.errors.records)
         code, details, out = await self.send(case)
         self.sent += 1
+        if len(self.errors.records) > logged:
+            # Exact with KVKEEPER_FUZZ_CONCURRENCY=1; otherwise one of the calls in flight.
+            rec = self.errors.records[logged]
+            tb = logging.Formatter().formatException(rec.exc_info)[-600:] if rec.exc_info else ""
+            self.problems.append(f"the daemon logged at ERROR during this call: "
+                                 f"{rec.getMessage()[:200]}\n    {case.describe()}\n{tb}")
         for problem in self.check(case, code, details, out):
             self.problems.append(f"{problem}\n    {case.describe()}")
         self.harvest(case, code, out)
@@ -391,7 +399,7 @@ async def test_fuzz_both_services(daemon_factory: Any, tokens_file: str, tmp_pat
     try:
         async with grpc.aio.insecure_channel(f"unix:{d.socket_path}") as unix, \
                 grpc.aio.insecure_channel(f"127.0.0.1:{d.port}") as tcp:
-            fz = Fuzzer(d, unix, tcp)
+            fz = Fuzzer(d, unix, tcp, errors)
             sem = asyncio.Semaphore(CONCURRENCY)
 
             async def bounded(i: int) -> None:
