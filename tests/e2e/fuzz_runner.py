@@ -267,9 +267,9 @@ class Fuzzer:
         self.kinds[case.kind] += 1
 
     # ------------------------------------------------------------ deep state
-    async def refresh(self, batch: int) -> None:
-        """Close last batch's sessions; give each owner a fresh one with blocks,
-        leases and open reservations for the next batch to fuzz around."""
+    async def close_all(self) -> None:
+        """Close every session the fuzzer knows of, as its owner. Some may be gone
+        already (closed by a fuzz request, expired): what remains is checked."""
         for owner in OWNERS:
             st = self.pool.owners[owner]
             if st.sid:
@@ -278,6 +278,11 @@ class Fuzzer:
         for ident, sid in self.pool.fuzz_sessions:
             await self.call(ident, "CloseSession", pb.CloseSessionRequest(session_id=sid))
         self.pool.fuzz_sessions.clear()
+
+    async def refresh(self, batch: int) -> None:
+        """Close last batch's sessions; give each owner a fresh one with blocks,
+        leases and open reservations for the next batch to fuzz around."""
+        await self.close_all()
         for n, owner in enumerate(OWNERS):
             ident = OWNER_IDENT[owner]
             # The socket's blocks change size from batch to batch: partial last

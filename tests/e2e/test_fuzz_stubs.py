@@ -35,7 +35,7 @@ from kvkeeper.server.tiers.disk_tier import INTERNAL_INSTANCE
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 from daemon_process import two_tenants_and_ops, write_tokens
-from fuzz_cases import BLOCK, OWNER_IDENT, OWNERS, TOKEN_A, TOKEN_B, TOKEN_OPS
+from fuzz_cases import BLOCK, OWNER_IDENT, TOKEN_A, TOKEN_B, TOKEN_OPS
 from fuzz_runner import ErrorLog, Fuzzer
 
 SEED = os.environ.get("KVKEEPER_FUZZ_SEED", "kvkeeper-issue-9")
@@ -145,13 +145,7 @@ def print_problems(problems: list, errors: ErrorLog) -> None:
 
 async def final_checks(fz: Fuzzer, d: Any) -> None:
     """Every session closes, nothing stays pinned, the client still works end to end."""
-    for owner in OWNERS:
-        st = fz.pool.owners[owner]
-        if st.sid:
-            await fz.ok(OWNER_IDENT[owner], "CloseSession", pb.CloseSessionRequest(session_id=st.sid))
-            fz._retire(owner)
-    for ident, sid in fz.pool.fuzz_sessions:
-        await fz.call(ident, "CloseSession", pb.CloseSessionRequest(session_id=sid))
+    await fz.close_all()
     if d.disk is not None:
         await d.disk.drain()   # write-back flushes pin their blocks until done
     L = d.ledger
