@@ -48,6 +48,8 @@ IDENTS = (
     (5, Ident("anonymous@tcp", "tcp")),
     (5, Ident("bad-token", "tcp", (("authorization", "Bearer not-a-token-0123456789"),))),
     (5, Ident("bad-header", "unix", (("authorization", "Basic Zm9vOmJhcg=="),))),
+    (2, Ident("empty-bearer", "tcp", (("authorization", "Bearer "),))),
+    (2, Ident("huge-token", "unix", (("authorization", "Bearer " + "t" * 6000),))),
 )
 OWNERS = ("socket", "tenant-a", "tenant-b", "ops")
 OWNER_IDENT = {i.owner: i for _, i in IDENTS if i.owner and i.name == i.owner}
