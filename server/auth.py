@@ -38,7 +38,7 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 import grpc
 
 from . import errors, identity
-from .api.status import abort, status_for
+from .api.status import set_status, status_for
 from .config import Config, ConfigError, parse_address
 from .ids import Identity
 from .quoting import clip
@@ -214,7 +214,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             self._wrapped[method] = cached
         return cached[1]
 
-    async def _check(self, context: Any, method: str, admin: bool) -> None:
+    async def _check(self, context: Any, method: str, admin: bool) -> bool:
+        """True when the caller may go on; otherwise the refusal is set on the call
+        (without context.abort(): see api.status.set_status)."""
         try:
             caller = self.policy.identify_context(context)
             if admin and not caller.admin:
@@ -224,10 +226,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         except (errors.Unauthenticated, errors.PermissionDenied) as exc:
             self.refusals.log("auth: refused %s from %s: %s", method, context.peer(), exc,
                               method=method, peer=context.peer())
-            code, msg = status_for(exc)
-            await abort(context, code, msg)
+            set_status(context, *status_for(exc))
+            return False
         # The handler runs in this same task: it reads who the caller is from here.
         identity.CURRENT.set(caller.identity)
+        return True
 
     def _wrap(self, handler: Any, method: str) -> Any:
         admin = method.split("/")[1] == ADMIN_SERVICE
@@ -238,11 +241,13 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                   response_serializer=handler.response_serializer)
 
         async def unary(request: Any, context: Any) -> Any:
-            await check(context, method, admin)
+            if not await check(context, method, admin):
+                return None
             return await (inner_uu or inner_su)(request, context)
 
         async def streaming(request: Any, context: Any) -> Any:
-            await check(context, method, admin)
+            if not await check(context, method, admin):
+                return
             out = (inner_us or inner_ss)(request, context)
             if hasattr(out, "__aiter__"):
                 async for item in out:

@@ -159,6 +159,10 @@ class ServerSection:
                            choices=LOG_FORMATS)
     eviction_storm_blocks: int = _opt(10000, "int", "capacity evictions within 10 s that are "
                                       "logged as an eviction storm; 0 disables", min=0)
+    gc_freeze_interval_seconds: float = _opt(
+        1.0, "duration", "how often the daemon collects the objects created since the last "
+        "time and freezes them (gc.freeze), so that no garbage collection walks the resident "
+        "blocks; 0 leaves Python's garbage collector as it is", min=0, max=3600)
 
 
 @dataclass(frozen=True)

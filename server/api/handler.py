@@ -20,7 +20,7 @@ from ..errors import Unavailable
 from ..ledger.sessions import ForeignSession
 from ..ratelog import RepeatLog
 from .decoding import Malformed, MalformedRequest
-from .status import abort, status_for
+from .status import set_status, status_for
 
 log = logging.getLogger("kvkeeper.api")
 
@@ -81,7 +81,8 @@ def rpc(fn: Callable[..., Any]) -> Callable[..., Any]:
             return await fn(self, _admit(self, request), context)
         except Exception as exc:  # noqa: BLE001 - every error gets a status
             code, msg = _answer(method, exc, context)
-            await abort(context, code, msg)
+            set_status(context, code, msg)
+            return None
         finally:
             _observe(self, method, t0, code)
 
@@ -101,7 +102,7 @@ def rpc_stream(fn: Callable[..., AsyncIterator[Any]]) -> Callable[..., Any]:
                 yield item
         except Exception as exc:  # noqa: BLE001
             code, msg = _answer(method, exc, context)
-            await abort(context, code, msg)
+            set_status(context, code, msg)
         finally:
             _observe(self, method, t0, code)
 

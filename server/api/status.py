@@ -5,7 +5,6 @@ else is the daemon's fault: logged with its traceback, answered INTERNAL.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -42,16 +41,14 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}; see the daemon log"
 
 
-async def abort(context: Any, code: grpc.StatusCode, message: str) -> None:
-    """End the call with `code`. When the caller has already gone (its deadline
-    passed or it cancelled, and grpc has not yet noticed), core cannot send the
-    status and grpc raises its ExecuteBatchError, which grpc itself then logs at
-    ERROR with a traceback: one error line per call that any client could cause
-    with a short deadline. Nobody is left to answer, so the call ends as
-    cancelled, which grpc logs at debug only."""
-    try:
-        await context.abort(code, message)
-    except grpc.aio.AbortError:
-        raise
-    except Exception:  # noqa: BLE001 - the status could not be sent: the call is gone
-        raise asyncio.CancelledError() from None
+def set_status(context: Any, code: grpc.StatusCode, msg: str) -> None:
+    """Put a status on the call without raising.
+
+    Not context.abort(): the AbortError it raises stays referenced by the
+    call's state, which its traceback's frames reference back (RPCState ->
+    AbortError -> traceback -> handler frame -> context -> RPCState). Only the
+    cyclic GC frees that, and never once it is frozen (server/gcpolicy.py).
+    A handler returns after this; grpc.aio then sends the status and no message.
+    """
+    context.set_code(code)
+    context.set_details(msg)
