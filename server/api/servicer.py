@@ -26,6 +26,8 @@ log = logging.getLogger("kvkeeper.api")
 
 # 1 MiB: 4 MiB chunks overflow the L2 cache and measured slower end to end.
 STREAM_CHUNK_BYTES = 1 << 20
+# Room for a BlockChunk's other fields (the client keeps the same margin for WriteChunk).
+CHUNK_OVERHEAD_BYTES = 4096
 
 
 class KVKeeperServicer(pb_grpc.KVKeeperServicer):
@@ -39,6 +41,9 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         self.version = version
         self.started_at = started_at
         self.max_message_bytes = max_message_bytes
+        # A chunk and its fields must fit the daemon's own message limit, or grpc
+        # refuses to send it (RESOURCE_EXHAUSTED "Sent message larger than max").
+        self.stream_chunk_bytes = min(STREAM_CHUNK_BYTES, max_message_bytes - CHUNK_OVERHEAD_BYTES)
         self.clock = clock
         self.serving = True
         # False after the admin Drain: ReserveSave answers UNAVAILABLE from then on.
@@ -142,9 +147,10 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
                 raise FailedPrecondition(f"lease {lease.id} was released while it was being streamed")
             data = self.arena.read(self._extents(b))
             algo, value = b.checksum or (0, 0)
-            for off in range(0, len(data), STREAM_CHUNK_BYTES):
+            step = self.stream_chunk_bytes
+            for off in range(0, len(data), step):
                 first = off == 0
-                yield pb.BlockChunk(index=i, offset=off, data=data[off:off + STREAM_CHUNK_BYTES],
+                yield pb.BlockChunk(index=i, offset=off, data=data[off:off + step],
                                     checksum_algo=algo if first else 0,
                                     checksum=value if first else 0)
             nbytes += len(data)
