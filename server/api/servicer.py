@@ -14,7 +14,7 @@ from kvkeeper.v1 import kvkeeper_pb2 as pb
 from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 
 from .. import identity
-from ..errors import FailedPrecondition, Unavailable
+from ..errors import FailedPrecondition, ResourceExhausted, Unavailable
 from ..ids import SessionId
 from ..ledger import Block, Ledger
 from ..ledger.sessions import tag
@@ -28,6 +28,9 @@ log = logging.getLogger("kvkeeper.api")
 STREAM_CHUNK_BYTES = 1 << 20
 # Room for a BlockChunk's other fields (the client keeps the same margin for WriteChunk).
 CHUNK_OVERHEAD_BYTES = 4096
+# Upper bounds of what one block adds to an answer, beyond its key: a BlockRef's
+# tags, checksum and length prefix, and per extent (at most one per page).
+REF_BYTES, EXTENT_BYTES = 32, 24
 
 
 class KVKeeperServicer(pb_grpc.KVKeeperServicer):
@@ -106,8 +109,22 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             # the arena before it), so its blocks are arena blocks, still pinned.
             # Taken from the table, not ledger.lease(): nothing may fail once a
             # lease exists that the client would never hear of.
-            self._block_refs(self.ledger.leases[r.lease_id].blocks, resp.blocks)
+            lease = self.ledger.leases[r.lease_id]
+            self._block_refs(lease.blocks, resp.blocks)
+            if self._too_big(resp, len(lease.blocks), lease.session.ns.pages_per_block):
+                # grpc would refuse to send it and the lease would be lost: answer
+                # without the refs, as a daemon that ignores `blocks` does; the
+                # client then asks Load, which says what is too big.
+                del resp.blocks[:]
         return resp
+
+    def _too_big(self, resp: Any, blocks: int, pages_per_block: int) -> bool:
+        """Whether `resp` exceeds server.max_message_bytes (which grpc enforces on
+        sending). Exact only when a cheap bound says it might: never on the usual path."""
+        per_block = self.ledger.config.key_bytes + REF_BYTES + EXTENT_BYTES * pages_per_block
+        if blocks * per_block + 64 <= self.max_message_bytes:
+            return False
+        return resp.ByteSize() > self.max_message_bytes
 
     @rpc
     async def Load(self, request: pb.LoadRequest, context: Any) -> pb.LoadResponse:
@@ -116,6 +133,11 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
                                   identity.of(context))
         resp = pb.LoadResponse()
         self._block_refs(lease.blocks, resp.blocks)
+        if self._too_big(resp, len(lease.blocks), lease.session.ns.pages_per_block):
+            raise ResourceExhausted(
+                f"the refs of lease {lease.id} take {resp.ByteSize()} bytes, above this daemon's "
+                f"server.max_message_bytes ({self.max_message_bytes}); release it and match "
+                "fewer keys per call, or use LoadStream")
         self.ledger.renew(lease.session, now)
         return resp
 
