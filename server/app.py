@@ -23,7 +23,7 @@ from grpc_reflection.v1alpha import reflection
 
 from kvkeeper.v1 import admin_pb2, admin_pb2_grpc, kvkeeper_pb2, kvkeeper_pb2_grpc
 
-from . import logsetup
+from . import grpclog, logsetup
 from .access import give_group, resolve_group
 from .api.admin import AdminServicer
 from .api.decoding import add_guarded
@@ -78,6 +78,8 @@ class Daemon:
 
     def __init__(self, config: Config) -> None:
         self.config = config
+        # grpc's ERROR for a call whose client just left is no daemon fault (grpclog.py).
+        grpclog.install()
         self.started_at = time.monotonic()
         # Everything that can refuse the configuration comes before any file is touched.
         self.tokens: Optional[TokenTable] = (load_tokens(config.auth.tokens_file)

@@ -14,7 +14,7 @@ from kvkeeper.v1 import kvkeeper_pb2 as pb
 from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 
 from .. import identity
-from ..errors import FailedPrecondition, InvalidArgument, Unavailable
+from ..errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
 from ..ids import LeaseId, SessionId
 from ..ledger import Block, Lease, Ledger
 from ..ledger.sessions import tag
@@ -26,6 +26,11 @@ log = logging.getLogger("kvkeeper.api")
 
 # 1 MiB: 4 MiB chunks overflow the L2 cache and measured slower end to end.
 STREAM_CHUNK_BYTES = 1 << 20
+# Room for a BlockChunk's other fields (the client keeps the same margin for WriteChunk).
+CHUNK_OVERHEAD_BYTES = 4096
+# Upper bounds of what one block adds to an answer, beyond its key: a BlockRef's
+# tags, checksum and length prefix, and per extent (at most one per page).
+REF_BYTES, EXTENT_BYTES = 32, 24
 
 
 class KVKeeperServicer(pb_grpc.KVKeeperServicer):
@@ -39,6 +44,9 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         self.version = version
         self.started_at = started_at
         self.max_message_bytes = max_message_bytes
+        # A chunk and its fields must fit the daemon's own message limit, or grpc
+        # refuses to send it (RESOURCE_EXHAUSTED "Sent message larger than max").
+        self.stream_chunk_bytes = min(STREAM_CHUNK_BYTES, max_message_bytes - CHUNK_OVERHEAD_BYTES)
         self.clock = clock
         self.serving = True
         # False after the admin Drain: ReserveSave answers UNAVAILABLE from then on.
@@ -102,8 +110,22 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             # the arena before it), so its blocks are arena blocks, still pinned.
             # Taken from the table, not ledger.lease(): nothing may fail once a
             # lease exists that the client would never hear of.
-            self._block_refs(self.ledger.leases[r.lease_id], resp.blocks)
+            lease = self.ledger.leases[r.lease_id]
+            self._block_refs(lease, resp.blocks)
+            if self._too_big(resp, len(lease.blocks), lease.session.ns.pages_per_block):
+                # grpc would refuse to send it and the lease would be lost: answer
+                # without the refs, as a daemon that ignores `blocks` does; the
+                # client then asks Load, which says what is too big.
+                del resp.blocks[:]
         return resp
+
+    def _too_big(self, resp: Any, blocks: int, pages_per_block: int) -> bool:
+        """Whether `resp` exceeds server.max_message_bytes (which grpc enforces on
+        sending). Exact only when a cheap bound says it might: never on the usual path."""
+        per_block = self.ledger.config.key_bytes + REF_BYTES + EXTENT_BYTES * pages_per_block
+        if blocks * per_block + 64 <= self.max_message_bytes:
+            return False
+        return resp.ByteSize() > self.max_message_bytes
 
     @rpc
     async def Load(self, request: pb.LoadRequest, context: Any) -> pb.LoadResponse:
@@ -112,6 +134,11 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
                                   identity.of(context))
         resp = pb.LoadResponse()
         self._block_refs(lease, resp.blocks)
+        if self._too_big(resp, len(lease.blocks), lease.session.ns.pages_per_block):
+            raise ResourceExhausted(
+                f"the refs of lease {lease.id} take {resp.ByteSize()} bytes, above this daemon's "
+                f"server.max_message_bytes ({self.max_message_bytes}); release it and match "
+                "fewer keys per call, or use LoadStream")
         self.ledger.renew(lease.session, now)
         return resp
 
@@ -147,9 +174,10 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
                 raise FailedPrecondition(f"lease {lease.id} was released while it was being streamed")
             data = self.arena.read(self._extents(b))
             algo, value = b.checksum or (0, 0)
-            for off in range(0, len(data), STREAM_CHUNK_BYTES):
+            step = self.stream_chunk_bytes
+            for off in range(0, len(data), step):
                 first = off == 0
-                yield pb.BlockChunk(index=i, offset=off, data=data[off:off + STREAM_CHUNK_BYTES],
+                yield pb.BlockChunk(index=i, offset=off, data=data[off:off + step],
                                     checksum_algo=algo if first else 0,
                                     checksum=value if first else 0)
             nbytes += len(data)
