@@ -13,6 +13,7 @@ from kvkeeper.v1 import admin_pb2, kvkeeper_pb2
 from test_servicer_errors import register, snapshot
 
 GARBAGE = b"\xff\xff\xff"
+CLIENT_STREAM_ARTIFACT = (grpc.StatusCode.INTERNAL, "Internal error from Core")
 
 
 def methods(module: Any, service: str) -> list[tuple[str, Any]]:
@@ -48,6 +49,11 @@ async def test_every_method_answers_a_malformed_request_invalid_argument(daemon:
     async with grpc.aio.insecure_channel(f"unix:{daemon.socket_path}") as ch:
         for name, m in methods(module, service):
             err = await outcome(call_raw(ch, f"/kvkeeper.v1.{service}/{name}", m, GARBAGE))
+            if m.client_streaming and (err.code(), err.details()) == CLIENT_STREAM_ARTIFACT:
+                # grpc.aio's client can report its own INTERNAL for a client stream the
+                # server ended early (grpc/grpc#36066); what the daemon answered is
+                # checked below, in its metrics.
+                continue
             assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, err.details())
             assert err.details().startswith(f"malformed {service}/{name} request: "), err.details()
     text = daemon.metrics.render().decode()
