@@ -13,12 +13,15 @@ Set KVKEEPER_TEST_KEEP_LOGS=1 to keep the engines' and the daemon's logs.
 from __future__ import annotations
 
 import os
+import queue
 import random
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import pytest
@@ -124,7 +127,7 @@ def cluster() -> Iterator[Cluster]:
                        "metrics": c.a.metrics()}
         daemon.start()
         # A's link backs off after the failed attempts above: wait until its
-        # saves land (the backoff is capped at 2 s in engine_script).
+        # saves land (the backoff is capped at 1 s by default).
         deadline = time.monotonic() + 60
         i = 0
         while daemon.stats().tiers[0].blocks == 0:
@@ -140,6 +143,26 @@ def cluster() -> Iterator[Cluster]:
             print(f"connector engine test logs kept in {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_an_invalid_extra_config_stops_vllm_at_start_up() -> None:
+    """A typo in a kvkeeper_* key must not leave vLLM serving uncached: the
+    engine does not start, and its log names the key and the known keys."""
+    from engine_script import write_tiny_llama
+
+    tmp = short_tmpdir()
+    try:
+        write_tiny_llama(f"{tmp}/model")
+        log = f"{tmp}/engine-bad-config.log"
+        with pytest.raises(RuntimeError, match="engine exited"):
+            # the daemon's absence is not the reason: it never stops vLLM
+            EngineProcess(f"{tmp}/model", f"unix://{tmp}/none.sock", log,
+                          ready_timeout=STARTUP_S, extra={"kvkeeper_lookup_timout_s": 2})
+        text = Path(log).read_text()
+        assert "ConfigError" in text and "kvkeeper_lookup_timout_s" in text
+        assert "known keys: kvkeeper_checksum" in text and "kvkeeper_lookup_timeout_s" in text
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_engines_start_and_serve_without_the_daemon(cluster: Cluster) -> None:
@@ -273,3 +296,94 @@ def test_daemon_killed_mid_request_then_hits_resume(cluster: Cluster) -> None:
         assert time.monotonic() < deadline, "hits did not resume after the daemon restarted"
         i += 1
         time.sleep(0.5)
+
+
+def test_hits_resume_within_5_s_of_a_daemon_restart_under_live_traffic(cluster: Cluster) -> None:
+    """A serves fresh prompts back to back and B serves each of them after it
+    (a hit when B finds A's blocks). The daemon is SIGKILLed and, 1 s later,
+    restarted (empty) while both keep serving: no request fails, every output
+    of B equals A's, and B hits again within 5 s of the new daemon answering."""
+    stop = threading.Event()
+    served: "queue.Queue[Tuple[float, List[int], List[int]]]" = queue.Queue()
+    b_runs: List[Tuple[float, float, int, bool]] = []   # start, end, hit tokens, same output
+    errors: List[str] = []
+
+    def run_a() -> None:
+        i = 0
+        while not stop.is_set():
+            p = prompt(f"live-{i}", 100)                 # 3 full blocks
+            try:
+                r = one(cluster.a, p, 4)
+            except Exception as e:  # noqa: BLE001 - a failed request fails the test
+                errors.append(f"A: {e}")
+                return
+            served.put((time.monotonic(), p, r["tokens"]))
+            i += 1
+
+    def run_b() -> None:
+        while not stop.is_set():
+            try:
+                done, p, want = served.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            time.sleep(max(0.0, done + 0.1 - time.monotonic()))   # A's save is asynchronous
+            t0 = time.monotonic()
+            try:
+                r = one(cluster.b, p, 4)
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"B: {e}")
+                return
+            b_runs.append((t0, time.monotonic(), hit_tokens(r), r["tokens"] == want))
+
+    def first_hit_after(t: float, timeout: float) -> Optional[float]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not errors:
+            for start, end, hit, _ in list(b_runs):
+                if end > t and hit > 0:
+                    return end
+            time.sleep(0.02)
+        return None
+
+    threads = [threading.Thread(target=run_a), threading.Thread(target=run_b)]
+    for t in threads:
+        t.start()
+    try:
+        assert first_hit_after(0.0, 60.0) is not None, f"no hits before the kill {errors}"
+        t_kill = time.monotonic()
+        cluster.daemon.kill()
+        time.sleep(1.0)                                  # traffic against no daemon
+        t_restart = time.monotonic()
+        cluster.daemon.start()
+        t_up = time.monotonic()
+        resumed = first_hit_after(t_up, 60.0)
+        time.sleep(2.0)                                  # and traffic goes on after it
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(180)
+    assert not errors, errors
+    assert resumed is not None, "hits did not resume after the daemon restarted"
+    during = [r for r in b_runs if t_kill < r[1] and r[0] < t_up]
+    print(f"\nkvkeeper daemon restart: hits resumed {resumed - t_up:.2f} s after the new daemon "
+          f"answered ({resumed - t_restart:.2f} s after it was started, "
+          f"{resumed - t_kill:.2f} s after the kill); B served {len(b_runs)} requests, "
+          f"{len(during)} during the outage, none failed")
+    assert all(same for *_, same in b_runs), "an output of B differs from A's"
+    assert resumed - t_up <= 5.0
+    cluster.wait_no_leases()
+
+
+def test_a_terminated_engine_closes_its_sessions_at_once(cluster: Cluster) -> None:
+    """SIGTERM (vLLM's shutdown) closes the engine's sessions: the daemon frees
+    them and their leases when the engine exits, not a lease TTL (30 s) later.
+    Runs last: it stops engine B."""
+    p = prompt("last-b", 100)
+    b = one(cluster.b, p, 4)                 # B's scheduler looks up, its worker saves
+    cluster.wait_stored(report_keys(b["report"], p)[:3])
+    before = cluster.daemon.stats().sessions
+    assert cluster.b.terminate() == 0
+    after = cluster.daemon.stats()
+    # B's scheduler and worker sessions are gone at once; A's and this test's stay
+    assert before - after.sessions == 2, (before, after.sessions)
+    assert after.leases == 0
+    assert one(cluster.a, prompt("after-b", 40), 2)["tokens"], "A still serves"
