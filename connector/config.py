@@ -12,7 +12,7 @@
 | kvkeeper_lookup_wait_s | 0.005 | longest wait for lookup answers per scheduling step, all requests together; a request still unanswered is skipped and asked again next step (0: never wait) |
 | kvkeeper_io_timeout_s | 5.0 | deadline of each load / save RPC |
 | kvkeeper_max_retries | 1 | retries of an idempotent RPC on UNAVAILABLE |
-| kvkeeper_reconnect_min_s / _max_s | 0.1 / 1.0 | after a failure, the daemon is probed at this interval (doubling from min to max) until it answers; meanwhile lookups are misses and saves are dropped |
+| kvkeeper_reconnect_min_s / _max_s | 0.1 / 0.5 | after a failure, the daemon is probed at this interval (doubling from min to max) until it answers; meanwhile lookups are misses and saves are dropped |
 | kvkeeper_transport | auto | auto (shared memory on the daemon's host, else streaming), shm, stream |
 | kvkeeper_checksum | crc32 | crc32 or none |
 | kvkeeper_model_id / kvkeeper_model_revision | from the model's files | override the namespace's model identity (see model_identity.py) |
@@ -123,7 +123,7 @@ _SPEC: Dict[str, Tuple[str, Callable[[Any], Any], Any]] = {
     "kvkeeper_io_timeout_s": ("io_timeout_s", _pos, 5.0),
     "kvkeeper_max_retries": ("max_retries", _count, 1),
     "kvkeeper_reconnect_min_s": ("reconnect_min_s", _pos, 0.1),
-    "kvkeeper_reconnect_max_s": ("reconnect_max_s", _pos, 1.0),
+    "kvkeeper_reconnect_max_s": ("reconnect_max_s", _pos, 0.5),
     "kvkeeper_transport": ("transport", _choice("auto", "shm", "stream"), "auto"),
     "kvkeeper_checksum": ("checksum", _choice("crc32", "none"), "crc32"),
     "kvkeeper_model_id": ("model_id", _text, None),
@@ -145,7 +145,7 @@ class ConnectorConfig:
     io_timeout_s: float = 5.0
     max_retries: int = 1
     reconnect_min_s: float = 0.1
-    reconnect_max_s: float = 1.0
+    reconnect_max_s: float = 0.5
     transport: str = "auto"
     checksum: str = "crc32"
     model_id: Optional[str] = None

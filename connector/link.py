@@ -7,7 +7,7 @@ wraps kvkeeper.client.Client for that:
 * nothing connects until the first use (no gRPC channel exists across the
   forks vLLM makes at start-up); a failed connect is retried on a later use,
   no sooner than a backoff period (reconnect_min_s doubling to
-  reconnect_max_s: 0.1 s to 1 s by default);
+  reconnect_max_s: 0.1 s to 0.5 s by default);
 * after a transport failure (UNAVAILABLE, a deadline, ...) of a connected
   session the breaker opens: every call answers LinkDown at once, so no
   lookup waits for a dead or hung daemon. A watcher thread then probes the
@@ -93,7 +93,7 @@ class DaemonLink:
     def __init__(self, url: str, namespace: Mapping[str, Any], *, instance_id: str,
                  timeout: float, max_retries: int = 1, transport: str = "auto",
                  checksum: str = "crc32", reconnect_min_s: float = 0.1,
-                 reconnect_max_s: float = 1.0, name: str = "kvkeeper",
+                 reconnect_max_s: float = 0.5, name: str = "kvkeeper",
                  connect: Optional[Callable[..., Any]] = None,
                  clock: Callable[[], float] = time.monotonic,
                  wait: Callable[[threading.Event, float], bool] = _wait) -> None:

@@ -66,5 +66,5 @@ def test_good_values_in_the_forms_json_and_env_give_them() -> None:
 
 def test_reconnect_defaults_are_short_and_a_high_min_lifts_the_max() -> None:
     c = parse()
-    assert c.reconnect_min_s <= c.reconnect_max_s <= 1.0
+    assert c.reconnect_min_s <= c.reconnect_max_s <= 0.5
     assert parse(kvkeeper_reconnect_min_s=3).reconnect_max_s == 3.0
