@@ -299,53 +299,58 @@ def test_daemon_killed_mid_request_then_hits_resume(cluster: Cluster) -> None:
 
 
 def test_hits_resume_within_5_s_of_a_daemon_restart_under_live_traffic(cluster: Cluster) -> None:
-    """A serves fresh prompts back to back and B serves the one A served last
-    (a hit when B finds A's blocks). The daemon is SIGKILLed and, 1 s later,
-    restarted (empty) while both keep serving: no request fails, every output
-    of B equals A's, and B hits again within 5 s of the new daemon answering."""
+    """A serves fresh prompts back to back, two per call, and B serves those A
+    served since B's last call (a hit when B finds A's blocks). The daemon is
+    SIGKILLed and, 1 s later, restarted (empty) while both keep serving: no
+    request fails, every output of B equals A's, the four engine sessions are
+    registered again, and B hits again within 5 s of the new daemon answering."""
     stop = threading.Event()
-    served: "queue.Queue[Tuple[float, List[int], List[int]]]" = queue.Queue()
-    b_runs: List[Tuple[float, float, int, bool]] = []   # start, end, hit tokens, same output
+    served: "queue.Queue[Tuple[float, List[Tuple[List[int], List[int]]]]]" = queue.Queue()
+    b_runs: List[Tuple[float, float, int, bool]] = []   # start, end, best hit, same outputs
     errors: List[str] = []
+    if cluster._client is not None:   # only the engines' sessions are counted below
+        cluster._client.close()
+        cluster._client = None
 
     def run_a() -> None:
         i = 0
         while not stop.is_set():
-            p = prompt(f"live-{i}", 100)                 # 3 full blocks
+            ps = [prompt(f"live-{i}-{j}", 70) for j in range(2)]   # 2 full blocks each
             try:
-                r = one(cluster.a, p, 4)
+                r = cluster.a.generate(ps, 2)
             except Exception as e:  # noqa: BLE001 - a failed request fails the test
                 errors.append(f"A: {e}")
                 return
-            served.put((time.monotonic(), p, r["tokens"]))
+            served.put((time.monotonic(), list(zip(ps, r["outputs"]))))
             i += 1
 
-    def newest() -> Optional[Tuple[float, List[int], List[int]]]:
-        """The prompt A served last: B must not lag behind on older ones."""
+    def since_last() -> Tuple[float, List[Tuple[List[int], List[int]]]]:
+        """What A served since B's last call (the newest 4 prompts)."""
+        done, items = 0.0, []
         try:
-            item = served.get(timeout=0.5)
+            done, items = served.get(timeout=0.5)
+            while True:
+                done, more = served.get_nowait()
+                items = items + more
         except queue.Empty:
-            return None
-        while True:
-            try:
-                item = served.get_nowait()
-            except queue.Empty:
-                return item
+            pass
+        return done, items[-4:]
 
     def run_b() -> None:
         while not stop.is_set():
-            item = newest()
-            if item is None:
+            done, items = since_last()
+            if not items:
                 continue
-            done, p, want = item
             time.sleep(max(0.0, done + 0.1 - time.monotonic()))   # A's save is asynchronous
             t0 = time.monotonic()
             try:
-                r = one(cluster.b, p, 4)
+                r = cluster.b.generate([p for p, _ in items], 2)
             except Exception as e:  # noqa: BLE001
                 errors.append(f"B: {e}")
                 return
-            b_runs.append((t0, time.monotonic(), hit_tokens(r), r["tokens"] == want))
+            hit = max(rep["kvkeeper"]["hit_tokens"] for rep in r["reports"])
+            same = all(out == want for out, (_, want) in zip(r["outputs"], items))
+            b_runs.append((t0, time.monotonic(), hit, same))
 
     def first_hit_after(t: float, timeout: float) -> Optional[float]:
         deadline = time.monotonic() + timeout
@@ -359,6 +364,7 @@ def test_hits_resume_within_5_s_of_a_daemon_restart_under_live_traffic(cluster: 
     threads = [threading.Thread(target=run_a), threading.Thread(target=run_b)]
     for t in threads:
         t.start()
+    sessions_back: Optional[float] = None
     try:
         assert first_hit_after(0.0, 60.0) is not None, f"no hits before the kill {errors}"
         t_kill = time.monotonic()
@@ -367,6 +373,12 @@ def test_hits_resume_within_5_s_of_a_daemon_restart_under_live_traffic(cluster: 
         t_restart = time.monotonic()
         cluster.daemon.start()
         t_up = time.monotonic()
+        deadline = t_up + 30.0
+        while time.monotonic() < deadline:
+            if cluster.daemon.stats().sessions >= 4:    # A's and B's scheduler and worker
+                sessions_back = time.monotonic()
+                break
+            time.sleep(0.02)
         resumed = first_hit_after(t_up, 60.0)
         time.sleep(2.0)                                  # and traffic goes on after it
     finally:
@@ -376,11 +388,15 @@ def test_hits_resume_within_5_s_of_a_daemon_restart_under_live_traffic(cluster: 
     assert not errors, errors
     assert resumed is not None, "hits did not resume after the daemon restarted"
     during = [r for r in b_runs if t_kill < r[1] and r[0] < t_up]
+    calls = [r[1] - r[0] for r in b_runs]
     print(f"\nkvkeeper daemon restart: hits resumed {resumed - t_up:.2f} s after the new daemon "
           f"answered ({resumed - t_restart:.2f} s after it was started, "
-          f"{resumed - t_kill:.2f} s after the kill); B served {len(b_runs)} requests, "
-          f"{len(during)} during the outage, none failed")
+          f"{resumed - t_kill:.2f} s after the kill); the 4 engine sessions were back after "
+          + (f"{sessions_back - t_up:.2f} s" if sessions_back else "more than 30 s")
+          + f"; B made {len(b_runs)} calls ({len(during)} during the outage, median "
+          f"{sorted(calls)[len(calls) // 2]:.2f} s), none failed")
     assert all(same for *_, same in b_runs), "an output of B differs from A's"
+    assert sessions_back is not None, "the engines did not register again"
     assert resumed - t_up <= 5.0
     cluster.wait_no_leases()
 
