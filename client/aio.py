@@ -53,9 +53,11 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     # A restarted daemon is usually back within a second; gRPC's default
     # reconnect backoff (1 s growing to 120 s) would outlast our retries.
+    # Capped at 0.5 s so that a daemon back from a restart is found within
+    # that (an attempt on a unix socket or a refused TCP port costs nothing).
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.max_reconnect_backoff_ms", 500),
 ]
 _TRANSPORTS = ("auto", "shm", "stream")
 _CHECKSUMS = {"crc32": pb.CHECKSUM_CRC32, "none": pb.CHECKSUM_NONE}
@@ -183,8 +185,9 @@ class AsyncClient:
                                                    name=f"kvkeeper-heartbeat-{self._session_id}")
         return self
 
-    async def close(self) -> None:
-        """Close the session (best effort), stop heartbeats, unmap, close the channel.
+    async def close(self, timeout: Optional[float] = None) -> None:
+        """Close the session (best effort, within `timeout` seconds: by default
+        the client's deadline), stop heartbeats, unmap, close the channel.
         Idempotent. The daemon releases this session's leases and reservations."""
         if self._closed:
             return
@@ -199,7 +202,8 @@ class AsyncClient:
         try:
             if self._session_id:
                 await self._stub.CloseSession(pb.CloseSessionRequest(session_id=self._session_id),
-                                              timeout=self._timeout, metadata=self._metadata)
+                                              timeout=timeout or self._timeout,
+                                              metadata=self._metadata)
         except Exception as e:  # the daemon expires the session by itself
             log.debug("CloseSession failed: %s", e)
         finally:
@@ -320,30 +324,34 @@ class AsyncClient:
                         "registered again as %s", stale_session_id, self._session_id)
             return self._session_id
 
+    async def renew(self) -> None:
+        """Heartbeat now, and register again if the daemon lost the session (it
+        restarted, or the session expired). Raises what the daemon answered
+        otherwise, e.g. UnavailableError while it is down."""
+        sid = self._session_id
+        try:
+            resp = await self._unary("Heartbeat", lambda s: pb.HeartbeatRequest(session_id=s),
+                                     retry=True, rebind=False)
+        except KVKeeperClientError as e:
+            if not is_session_lost(e):
+                raise
+            await self._reregister(sid)
+            return
+        if resp.lease_ttl_seconds > 0:
+            self._lease_ttl = resp.lease_ttl_seconds
+
     async def _heartbeat_loop(self) -> None:
-        """Renew the lease every TTL/3. Never raises: failures are logged, and a
-        lost session is registered again so the next call finds a live one."""
+        """renew() every TTL/3. Never raises: failures are logged (the next
+        heartbeat, or a call, tries again)."""
         while True:
             ttl = self._lease_ttl
             await asyncio.sleep(max(0.05, ttl / 3.0) if ttl > 0 else 10.0)
-            sid = self._session_id
             try:
-                resp = await self._unary("Heartbeat", lambda s: pb.HeartbeatRequest(session_id=s),
-                                         retry=True, rebind=False)
-                if resp.lease_ttl_seconds > 0:
-                    self._lease_ttl = resp.lease_ttl_seconds
+                await self.renew()
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                if not is_session_lost(e):
-                    log.warning("kvkeeper: heartbeat failed: %s", e)
-                    continue
-                try:
-                    await self._reregister(sid)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e2:
-                    log.warning("kvkeeper: registering again failed: %s", e2)
+                log.warning("kvkeeper: heartbeat failed: %s", e)
 
     # ---- calls
 
@@ -442,7 +450,7 @@ class AsyncClient:
     # ---- API
 
     async def match(self, keys: Sequence[bytes], lease: bool = False,
-                    blocks: bool = False) -> MatchResult:
+                    blocks: bool = False, report_use: bool = False) -> MatchResult:
         """How many leading `keys` (chained, prefix order) the daemon holds.
 
         With lease=True the matched blocks stay pinned until `release`; a
@@ -454,6 +462,10 @@ class AsyncClient:
         same round trip, for `arena_views`. A client that streams (no arena
         mapped) does not ask for them, since it could not use them: `blocks`
         stays empty, arena_views returns None and `load_into` streams.
+
+        report_use=True: the daemon counts no hit for this lookup; say what
+        it was used for with `release(..., report=...)` (lease_id 0 when
+        nothing was leased).
         """
         if blocks and not lease:
             raise ValueError("blocks=True needs lease=True: block extents are only "
@@ -471,7 +483,8 @@ class AsyncClient:
             part = keys[start:start + limit]
             resp = await self._unary(
                 "Match",
-                lambda s: pb.MatchRequest(session_id=s, keys=part, lease=lease, blocks=ask),
+                lambda s: pb.MatchRequest(session_id=s, keys=part, lease=lease, blocks=ask,
+                                          report_use=report_use),
                 retry=not lease, rebind=True)
             matched += resp.matched
             tiers.extend(resp.tiers)
@@ -742,15 +755,26 @@ class AsyncClient:
             log.debug("kvkeeper: AbortSave of reservation %d failed: %s", rid, e)
 
     async def release(self, lease_id: int, discard: bool = False,
-                      discard_indices: Sequence[int] = ()) -> None:
+                      discard_indices: Sequence[int] = (),
+                      report: Optional[Mapping[str, int]] = None) -> None:
         """Unpin the lease's blocks. discard=True also drops every block of the
         lease nobody else references; discard_indices drops just those lease
-        positions (e.g. ChecksumError.bad_indices)."""
+        positions (e.g. ChecksumError.bad_indices). report: the fields of a
+        LookupReport (prompt_tokens, prompt_blocks, local_blocks,
+        loaded_blocks) for a lookup made with report_use; lease_id may be 0."""
         def build(s: str) -> pb.ReleaseRequest:
             return pb.ReleaseRequest(session_id=s, lease_id=lease_id, discard=discard,
-                                     discard_indices=list(discard_indices))
+                                     discard_indices=list(discard_indices),
+                                     report=None if report is None else pb.LookupReport(**report))
 
         await self._unary("Release", build, retry=True, rebind=False)
+
+    async def narrow(self, lease_id: int, start: int, count: int) -> None:
+        """Unpin the lease's blocks outside positions [start, start + count); the
+        lease keeps the rest, at positions 0..count-1."""
+        await self._unary("Release", lambda s: pb.ReleaseRequest(
+            session_id=s, lease_id=lease_id, keep_start=start, keep_blocks=count),
+            retry=True, rebind=False)
 
     async def stats(self) -> pb.StatsResponse:
         """The daemon's counters (tiers, sessions, leases, hits...)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-from typing import Any, Coroutine, List, Optional, Sequence, TypeVar
+from typing import Any, Coroutine, List, Mapping, Optional, Sequence, TypeVar
 
 import grpc
 
@@ -93,14 +93,15 @@ class Client:
             raise
         return cls(loop, thread, aclient, timeout, max_retries, call_timeout)
 
-    def close(self) -> None:
-        """Close the session and stop the loop thread. Idempotent."""
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Close the session (CloseSession within `timeout` seconds, by default
+        the client's deadline) and stop the loop thread. Idempotent."""
         with self._close_lock:
             if self._closed:
                 return
             self._closed = True
         try:
-            self._submit(self._aclient.close(), rpcs=1, check=False)
+            self._submit(self._aclient.close(timeout), rpcs=1, check=False)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             if threading.current_thread() is not self._thread:
@@ -175,10 +176,10 @@ class Client:
     # ---- API (see AsyncClient for the semantics)
 
     def match(self, keys: Sequence[bytes], lease: bool = False,
-              blocks: bool = False) -> MatchResult:
+              blocks: bool = False, report_use: bool = False) -> MatchResult:
         # blocks may add a Load (older daemons) and a Release (on failure).
         rpcs = 2 * self._rounds(len(keys)) + (2 if blocks else 0)
-        return self._submit(self._aclient.match(keys, lease, blocks), rpcs=rpcs)
+        return self._submit(self._aclient.match(keys, lease, blocks, report_use), rpcs=rpcs)
 
     def arena_views(self, refs: Sequence[pb.BlockRef]) -> Optional[List[List[memoryview]]]:
         # No hop to the loop thread: AsyncClient.arena_views only reads the mapping.
@@ -194,11 +195,19 @@ class Client:
         return self._submit(self._aclient.save(keys, blocks), rpcs=6 * self._rounds(len(keys)))
 
     def release(self, lease_id: int, discard: bool = False,
-                discard_indices: Sequence[int] = ()) -> None:
-        self._submit(self._aclient.release(lease_id, discard, discard_indices))
+                discard_indices: Sequence[int] = (),
+                report: Optional[Mapping[str, int]] = None) -> None:
+        self._submit(self._aclient.release(lease_id, discard, discard_indices, report))
+
+    def narrow(self, lease_id: int, start: int, count: int) -> None:
+        self._submit(self._aclient.narrow(lease_id, start, count))
 
     def stats(self) -> pb.StatsResponse:
         return self._submit(self._aclient.stats())
+
+    def renew(self) -> None:
+        # a Heartbeat, and a RegisterSession when the session was lost
+        self._submit(self._aclient.renew(), rpcs=2)
 
     def health(self, service: str = "") -> str:
         return self._submit(self._aclient.health(service))

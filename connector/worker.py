@@ -452,7 +452,9 @@ class WorkerSide:
         f = self._fetch_by_refs(spec)
         if f is not None:
             return f
-        res = self.link.call(lambda c: c.match(keys, lease=True, blocks=True), "load")
+        # report_use: the scheduler reports this load with its own lookup.
+        res = self.link.call(lambda c: c.match(keys, lease=True, blocks=True, report_use=True),
+                             "load")
         if not res.matched or not res.lease_id:
             self._finish_load(spec, 0)
             return None
@@ -724,7 +726,7 @@ class WorkerSide:
     def take_stats(self) -> Optional[KVKeeperStats]:
         return self.counters.take()
 
-    def shutdown(self, timeout: float = 5.0) -> None:
+    def shutdown(self, timeout: float = 1.0) -> None:
         try:
             self._settle()
             self.copy_out_for(set(self._save_jobs))
@@ -735,6 +737,6 @@ class WorkerSide:
         if self._saver is not None:
             self._saver.close(timeout)
         if self.releaser is not None:
-            self.releaser.close(2.0)
+            self.releaser.close(0.5)   # closing the session frees whatever is left
         if self.link is not None:
             self.link.close()

@@ -1,7 +1,8 @@
 """One vLLM engine (CPU, tiny dummy Llama) driven line by line, for the connector tests.
 
-Run as `python engine_script.py --model DIR [--url URL] [--report]`. It starts
-an `LLM` of a tiny seeded-random Llama (with KVKeeperConnector when --url is given), prints
+Run as `python engine_script.py --model DIR [--url URL] [--report] [--extra JSON]`.
+It starts an `LLM` of a tiny seeded-random Llama (with KVKeeperConnector when
+--url is given; --extra adds kv_connector_extra_config keys), prints
 `KVKTEST {"ready": true}` and then answers one JSON command per stdin line
 with one `KVKTEST <json>` line on stdout (vLLM's own logs go to stderr/stdout
 too; the prefix tells them apart):
@@ -12,12 +13,16 @@ too; the prefix tells them apart):
   {"cmd": "metrics"}              -> {"metrics": {name: value}} (kvkeeper and
                                      external prefix cache counters)
   {"cmd": "exit"}
+
+SIGTERM ends it the way it ends `vllm serve`: a normal exit, in which vLLM
+shuts the engine down (the engine core gets SIGTERM and a few seconds).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import sys
 import traceback
 
@@ -38,6 +43,7 @@ def main() -> int:
     ap.add_argument("--url", default="")
     ap.add_argument("--report", action="store_true")
     ap.add_argument("--block-size", type=int, default=32)
+    ap.add_argument("--extra", default="{}", help="more kv_connector_extra_config (JSON)")
     args = ap.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if not os.path.exists(os.path.join(args.model, "config.json")):
@@ -48,13 +54,14 @@ def main() -> int:
     kw = {}
     if args.url:
         extra = {"kvkeeper_url": args.url, "kvkeeper_report": args.report,
-                 "kvkeeper_reconnect_max_s": 2.0}
+                 **json.loads(args.extra)}
         kw["kv_transfer_config"] = {"kv_connector": "KVKeeperConnector",
                                     "kv_connector_module_path": "kvkeeper.connector",
                                     "kv_role": "kv_both", "kv_connector_extra_config": extra}
     llm = LLM(model=args.model, skip_tokenizer_init=True,
               block_size=args.block_size, max_model_len=2048, dtype="float32",
               enforce_eager=True, disable_log_stats=False, seed=0, **kw)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     reply({"ready": True})
     for line in sys.stdin:
         line = line.strip()

@@ -13,12 +13,15 @@ Set KVKEEPER_TEST_KEEP_LOGS=1 to keep the engines' and the daemon's logs.
 from __future__ import annotations
 
 import os
+import queue
 import random
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import pytest
@@ -59,7 +62,8 @@ class Cluster:
         return self._client
 
     def stored(self, keys: List[bytes]) -> int:
-        return self.client().match(keys).matched
+        # report_use: a probe of the test's, not counted as a lookup or hit.
+        return self.client().match(keys, report_use=True).matched
 
     def wait_stored(self, keys: List[bytes], timeout: float = 20.0) -> None:
         """Saves are sent in the background: wait until they are committed."""
@@ -124,7 +128,7 @@ def cluster() -> Iterator[Cluster]:
                        "metrics": c.a.metrics()}
         daemon.start()
         # A's link backs off after the failed attempts above: wait until its
-        # saves land (the backoff is capped at 2 s in engine_script).
+        # saves land (the backoff is capped at 0.5 s by default).
         deadline = time.monotonic() + 60
         i = 0
         while daemon.stats().tiers[0].blocks == 0:
@@ -140,6 +144,26 @@ def cluster() -> Iterator[Cluster]:
             print(f"connector engine test logs kept in {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_an_invalid_extra_config_stops_vllm_at_start_up() -> None:
+    """A typo in a kvkeeper_* key must not leave vLLM serving uncached: the
+    engine does not start, and its log names the key and the known keys."""
+    from engine_script import write_tiny_llama
+
+    tmp = short_tmpdir()
+    try:
+        write_tiny_llama(f"{tmp}/model")
+        log = f"{tmp}/engine-bad-config.log"
+        with pytest.raises(RuntimeError, match="engine exited"):
+            # the daemon's absence is not the reason: it never stops vLLM
+            EngineProcess(f"{tmp}/model", f"unix://{tmp}/none.sock", log,
+                          ready_timeout=STARTUP_S, extra={"kvkeeper_lookup_timout_s": 2})
+        text = Path(log).read_text()
+        assert "ConfigError" in text and "kvkeeper_lookup_timout_s" in text
+        assert "known keys: kvkeeper_checksum" in text and "kvkeeper_lookup_timeout_s" in text
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_engines_start_and_serve_without_the_daemon(cluster: Cluster) -> None:
@@ -171,10 +195,10 @@ def test_shared_prefix_is_an_external_hit_with_identical_output(cluster: Cluster
     m = cluster.b.metrics()
     assert m["vllm:kvkeeper_loaded_blocks"] - loaded_before == 6
     assert m["vllm:external_prefix_cache_hits"] - ext_before == hit
-    # the scheduler's lookup matched the 6 blocks; the worker copied them with
-    # the lookup's arena refs, without a Match of its own
-    assert cluster.daemon.stats().hit_blocks - hits_before == 6
+    # the worker copied the 6 blocks with the lookup's arena refs, without a
+    # Match of its own; the lease's release reported them loaded
     cluster.wait_no_leases()
+    assert cluster.daemon.stats().hit_blocks - hits_before == 6
 
 
 def test_partial_prefix_hit_on_a_shared_system_prompt(cluster: Cluster) -> None:
@@ -273,3 +297,180 @@ def test_daemon_killed_mid_request_then_hits_resume(cluster: Cluster) -> None:
         assert time.monotonic() < deadline, "hits did not resume after the daemon restarted"
         i += 1
         time.sleep(0.5)
+
+
+
+def test_daemon_hit_tokens_equal_vllms_when_vllms_own_cache_holds_part(cluster: Cluster) -> None:
+    """B's prompts are held partly by vLLM's own prefix cache and partly by the
+    daemon (A saved them): the daemon counts as hits only the blocks B loaded,
+    so its hit tokens equal the sum of the engines' vllm:kvkeeper_hit_tokens
+    but for the last-token rule (a hit ending at a block-aligned prompt's last
+    token: vLLM counts that token as computed, the daemon the whole block),
+    and what was asked of it excludes the blocks vLLM held itself."""
+    aligned, tail = prompt("own-aligned", 192), prompt("own-tail", 200)   # 6 full blocks each
+    system = prompt("own-system", 96)                                     # 3 blocks
+    qa, qz, qb = prompt("own-qa", 40), prompt("own-qz", 10), prompt("own-qb", 50)
+    saved = [aligned, tail, system + qa]
+    served = [   # (prompt, blocks in B's own prefix cache, kvkeeper hit tokens B reports)
+        (tail, 0, 192),               # all 6 blocks from kvkeeper, 8 tokens computed
+        (tail, 6, 0),                 # again: vLLM's own cache holds the 6 blocks
+        (aligned, 0, 191),            # 6 blocks loaded, the last token recomputed
+        (aligned, 5, 31),             # vLLM's own cache: 5 blocks (not the last token's); block 5 loaded
+        (system[:64] + qz, 0, 64),    # kvkeeper: A's system blocks 0-1
+        (system + qb, 2, 32),         # vLLM's own cache: blocks 0-1; kvkeeper: block 2
+    ]
+    engines = {"a": cluster.a, "b": cluster.b}
+    cluster.wait_no_leases()   # no report of an earlier test's lease still on its way
+    m0 = {e: eng.metrics() for e, eng in engines.items()}
+    s0 = cluster.daemon.stats()
+    for p in saved:
+        a = one(cluster.a, p, 4)
+        cluster.wait_stored(report_keys(a["report"], p)[:len(p) // BS])
+    got = [hit_tokens(one(cluster.b, p, 4)) for p, _, _ in served]
+    cluster.wait_no_leases()   # every lease's release reports its hits
+    prompts = sum(len(p) for p in saved) + sum(len(p) for p, _, _ in served)
+    deadline = time.monotonic() + 10
+    while cluster.daemon.stats().prompt_tokens - s0.prompt_tokens < prompts:
+        # misses report without a lease, also asynchronously
+        assert time.monotonic() < deadline, "the lookups' reports did not all reach the daemon"
+        time.sleep(0.05)
+    s1 = cluster.daemon.stats()
+    m1 = {e: eng.metrics() for e, eng in engines.items()}
+    def delta(name: str) -> Dict[str, float]:
+        return {e: m1[e].get(name, 0) - m0[e].get(name, 0) for e in engines}
+
+    vllm = delta("vllm:kvkeeper_hit_tokens")
+    external = delta("vllm:external_prefix_cache_hits")   # counted by vLLM's scheduler
+    daemon = s1.hit_tokens - s0.hit_tokens
+    last_token_rule = sum(1 for (p, _, _), h in zip(served, got) if h and len(p) % BS == 0)
+    asked = sum(len(p) // BS for p in saved) + sum(len(p) // BS - own for p, own, _ in served)
+    print(f"\nkvkeeper_hit_tokens_total delta: {daemon}; sum of vllm:kvkeeper_hit_tokens_total "
+          f"deltas: {sum(vllm.values())} (A {vllm['a']}, B {vllm['b']}); last-token rule: "
+          f"{last_token_rule}; per request on B: {got}; daemon lookup_tokens delta "
+          f"{s1.lookup_tokens - s0.lookup_tokens}, prompt_tokens delta "
+          f"{s1.prompt_tokens - s0.prompt_tokens}; vllm:external_prefix_cache_hits deltas "
+          f"{external}")
+    assert got == [h for _, _, h in served]
+    assert vllm["a"] == 0 and vllm["b"] == sum(got) == external["b"]
+    assert daemon == sum(vllm.values()) + last_token_rule
+    assert s1.lookup_tokens - s0.lookup_tokens == asked * BS
+    assert s1.prompt_tokens - s0.prompt_tokens == prompts
+
+
+def test_hits_resume_within_5_s_of_a_daemon_restart_under_live_traffic(cluster: Cluster) -> None:
+    """A serves fresh prompts back to back, two per call, and B serves those A
+    served since B's last call (a hit when B finds A's blocks). The daemon is
+    SIGKILLed and, 1 s later, restarted (empty) while both keep serving: no
+    request fails, every output of B equals A's, the four engine sessions are
+    registered again, and B hits again within 5 s of the new daemon answering."""
+    stop = threading.Event()
+    served: "queue.Queue[Tuple[float, List[Tuple[List[int], List[int]]]]]" = queue.Queue()
+    b_runs: List[Tuple[float, float, int, bool]] = []   # start, end, best hit, same outputs
+    errors: List[str] = []
+    if cluster._client is not None:   # only the engines' sessions are counted below
+        cluster._client.close()
+        cluster._client = None
+
+    def run_a() -> None:
+        i = 0
+        while not stop.is_set():
+            ps = [prompt(f"live-{i}-{j}", 70) for j in range(2)]   # 2 full blocks each
+            try:
+                r = cluster.a.generate(ps, 2)
+            except Exception as e:  # noqa: BLE001 - a failed request fails the test
+                errors.append(f"A: {e}")
+                return
+            served.put((time.monotonic(), list(zip(ps, r["outputs"]))))
+            i += 1
+
+    def since_last() -> Tuple[float, List[Tuple[List[int], List[int]]]]:
+        """What A served since B's last call (the newest 4 prompts)."""
+        done, items = 0.0, []
+        try:
+            done, items = served.get(timeout=0.5)
+            while True:
+                done, more = served.get_nowait()
+                items = items + more
+        except queue.Empty:
+            pass
+        return done, items[-4:]
+
+    def run_b() -> None:
+        while not stop.is_set():
+            done, items = since_last()
+            if not items:
+                continue
+            time.sleep(max(0.0, done + 0.1 - time.monotonic()))   # A's save is asynchronous
+            t0 = time.monotonic()
+            try:
+                r = cluster.b.generate([p for p, _ in items], 2)
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"B: {e}")
+                return
+            hit = max(rep["kvkeeper"]["hit_tokens"] for rep in r["reports"])
+            same = all(out == want for out, (_, want) in zip(r["outputs"], items))
+            b_runs.append((t0, time.monotonic(), hit, same))
+
+    def first_hit_after(t: float, timeout: float) -> Optional[float]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not errors:
+            for start, end, hit, _ in list(b_runs):
+                if end > t and hit > 0:
+                    return end
+            time.sleep(0.02)
+        return None
+
+    threads = [threading.Thread(target=run_a), threading.Thread(target=run_b)]
+    for t in threads:
+        t.start()
+    sessions_back: Optional[float] = None
+    try:
+        assert first_hit_after(0.0, 60.0) is not None, f"no hits before the kill {errors}"
+        t_kill = time.monotonic()
+        cluster.daemon.kill()
+        time.sleep(1.0)                                  # traffic against no daemon
+        t_restart = time.monotonic()
+        cluster.daemon.start()
+        t_up = time.monotonic()
+        deadline = t_up + 30.0
+        while time.monotonic() < deadline:
+            if cluster.daemon.stats().sessions >= 4:    # A's and B's scheduler and worker
+                sessions_back = time.monotonic()
+                break
+            time.sleep(0.02)
+        resumed = first_hit_after(t_up, 60.0)
+        time.sleep(2.0)                                  # and traffic goes on after it
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(180)
+    assert not errors, errors
+    assert resumed is not None, "hits did not resume after the daemon restarted"
+    during = [r for r in b_runs if t_kill < r[1] and r[0] < t_up]
+    calls = [r[1] - r[0] for r in b_runs]
+    print(f"\nkvkeeper daemon restart: hits resumed {resumed - t_up:.2f} s after the new daemon "
+          f"answered ({resumed - t_restart:.2f} s after it was started, "
+          f"{resumed - t_kill:.2f} s after the kill); the 4 engine sessions were back after "
+          + (f"{sessions_back - t_up:.2f} s" if sessions_back else "more than 30 s")
+          + f"; B made {len(b_runs)} calls ({len(during)} during the outage, median "
+          f"{sorted(calls)[len(calls) // 2]:.2f} s), none failed")
+    assert all(same for *_, same in b_runs), "an output of B differs from A's"
+    assert sessions_back is not None, "the engines did not register again"
+    assert resumed - t_up <= 5.0
+    cluster.wait_no_leases()
+
+
+def test_a_terminated_engine_closes_its_sessions_at_once(cluster: Cluster) -> None:
+    """SIGTERM (vLLM's shutdown) closes the engine's sessions: the daemon frees
+    them and their leases when the engine exits, not a lease TTL (30 s) later.
+    Runs last: it stops engine B."""
+    p = prompt("last-b", 100)
+    b = one(cluster.b, p, 4)                 # B's scheduler looks up, its worker saves
+    cluster.wait_stored(report_keys(b["report"], p)[:3])
+    before = cluster.daemon.stats().sessions
+    assert cluster.b.terminate() == 0
+    after = cluster.daemon.stats()
+    # B's scheduler and worker sessions are gone at once; A's and this test's stay
+    assert before - after.sessions == 2, (before, after.sessions)
+    assert after.leases == 0
+    assert one(cluster.a, prompt("after-b", 40), 2)["tokens"], "A still serves"
