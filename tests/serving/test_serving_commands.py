@@ -98,7 +98,10 @@ def test_verify_replay_on_vllm_serve(serving: Any, experiment: Dict[str, Any]) -
     assert rep["restart"]["mode"] == "command"
     want = rep["expected_hit_tokens"]["tokens"]
     assert want > 0 and rep["observed_hit_tokens"] >= want
-    assert rep["daemon_hit_tokens"] >= rep["observed_hit_tokens"]
+    # The daemon counts what vLLM loaded: the same tokens, but for the last-token
+    # rule (a full hit of a block-aligned prompt recomputes its last token, which
+    # vLLM does not count and the daemon served): at most one token per prompt.
+    assert 0 <= rep["daemon_hit_tokens"] - rep["observed_hit_tokens"] <= NUM_PROMPTS
     print(f"\nverify replay on vllm serve: {rep['verdict']}; vllm:kvkeeper_hit_tokens_total "
           f"+{rep['observed_hit_tokens']} (expected >= {want}, "
           f"{rep['expected_hit_tokens']['basis']}), daemon kvkeeper_hit_tokens_total "
