@@ -159,6 +159,10 @@ class Daemon:
 
     def bind(self) -> int:
         lc = self.config.listen
+        if self.config.metrics.address:
+            # First: the socket's backlog accepts as soon as its port is added,
+            # before start(), and whoever waits for it may scrape at once.
+            self._metrics_http = self.metrics.start_http(self.config.metrics.address)
         if lc.socket:
             path = os.path.abspath(lc.socket)
             _claim_socket_path(path)
@@ -180,10 +184,6 @@ class Daemon:
         if settled is not None:
             log.info("gc: %d objects frozen after start-up (collection and freeze took %.3fs)",
                      self.gc.frozen_objects, settled.seconds)
-        # Metrics first: once the socket accepts, /metrics answers too (probes and
-        # scrapers that wait for the socket then scrape at once).
-        if self.config.metrics.address:
-            self._metrics_http = self.metrics.start_http(self.config.metrics.address)
         await self.server.start()
         if self.socket_path:
             os.chmod(self.socket_path, self.config.listen.socket_mode)
@@ -306,6 +306,8 @@ def create_server(config: Config) -> tuple[Daemon, int]:
     try:
         port = daemon.bind()
     except BaseException:
+        if daemon._metrics_http is not None:
+            daemon._metrics_http.close()
         daemon.arena.close()
         raise
     return daemon, port
