@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import math
+import queue
 import threading
-from typing import Any, Coroutine, List, Optional, Sequence, TypeVar
+from typing import Any, Coroutine, Iterator, List, Optional, Sequence, TypeVar
 
 import grpc
 
@@ -26,6 +27,7 @@ from .aio import AsyncClient, MatchResult, NamespaceLike, SaveResult
 from .auth import TLSLike
 from .errors import DeadlineExceededError
 from .retry import MAX_DELAY
+from .wire import Chunk
 
 __all__ = ["Client"]
 
@@ -189,6 +191,44 @@ class Client:
 
     def load_into(self, lease_id: int, outs: Sequence[Any]) -> None:
         self._submit(self._aclient.load_into(lease_id, outs), rpcs=2)
+
+    def load_chunks(self, lease_id: int, max_blocks: Optional[int] = None) -> Iterator[Chunk]:
+        """AsyncClient.load_chunks, as an iterator for the calling thread: the
+        event loop thread receives the chunks while this one consumes them
+        (e.g. copies them into the KV cache), so the two overlap. Stopping
+        early (break, an exception) cancels the stream."""
+        if self._closed:
+            raise RuntimeError("the kvkeeper client is closed")
+        q: "queue.Queue[Any]" = queue.Queue()
+        end = object()
+
+        async def pump() -> None:
+            try:
+                async for ch in self._aclient.load_chunks(lease_id, max_blocks):
+                    q.put(ch)
+                q.put(end)
+            except BaseException as e:   # noqa: BLE001 - handed to the consumer
+                q.put(e)
+                if isinstance(e, asyncio.CancelledError):
+                    raise
+
+        fut = asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        budget = self._call_timeout or _budget(self._timeout, 0, 1)
+        try:
+            while True:
+                try:
+                    item = q.get(timeout=budget)
+                except queue.Empty:
+                    raise DeadlineExceededError(
+                        f"load_chunks received nothing for {budget:.1f} s",
+                        grpc.StatusCode.DEADLINE_EXCEEDED) from None
+                if item is end:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            fut.cancel()
 
     def save(self, keys: Sequence[bytes], blocks: Sequence[Any]) -> SaveResult:
         return self._submit(self._aclient.save(keys, blocks), rpcs=6 * self._rounds(len(keys)))

@@ -21,11 +21,12 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from kvkeeper.v1 import admin_pb2, admin_pb2_grpc, kvkeeper_pb2, kvkeeper_pb2_grpc
+from kvkeeper.v1 import admin_pb2, admin_pb2_grpc, kvkeeper_pb2
 
 from . import logsetup
 from .access import give_group, resolve_group
 from .api.admin import AdminServicer
+from .api.handlers import add_servicer_to_server
 from .api.servicer import KVKeeperServicer
 from .auth import AuthInterceptor, AuthPolicy, check_exposure, server_credentials
 from .config import Config, ConfigError
@@ -130,7 +131,7 @@ class Daemon:
             max_message_bytes=config.server.max_message_bytes, disk=self.disk)
         if self.auth is not None:
             self.servicer.authorize_namespace = self.auth.check_namespace
-        kvkeeper_pb2_grpc.add_KVKeeperServicer_to_server(self.servicer, self.server)
+        add_servicer_to_server(self.servicer, self.server)
         services = [SERVICE_NAME]
         self.admin: Optional[AdminServicer] = None
         if config.admin.enabled:

@@ -13,6 +13,7 @@ from typing import Any, AsyncIterator, Callable, Iterable
 
 import grpc
 
+from kvkeeper.client.wire import encode_block_chunk, slice_views
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 
@@ -168,7 +169,9 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         self.metrics.observe_transfer("load", "shm", nbytes, None)
 
     @_observed_stream
-    async def LoadStream(self, request: pb.LoadRequest, context: Any) -> AsyncIterator[pb.BlockChunk]:
+    async def LoadStream(self, request: pb.LoadRequest, context: Any) -> AsyncIterator[bytes]:
+        """Yields serialized BlockChunks (handlers.serialize_frame sends them as
+        they are), each built in one copy from the arena."""
         t0 = time.perf_counter()
         lease = self.ledger.lease(SessionId(request.session_id), request.lease_id, self.clock())
         nbytes = 0
@@ -177,14 +180,16 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             # be reused, so each block is copied whole while the lease is known live.
             if self.ledger.leases.get(lease.id) is not lease:
                 raise FailedPrecondition(f"lease {lease.id} was released while it was being streamed")
-            data = self.arena.read(self._extents(b))
+            views = [self.arena.view(o, n) for o, n in self._extents(b)]
+            size = sum(len(v) for v in views)
             algo, value = b.checksum or (0, 0)
-            for off in range(0, len(data), STREAM_CHUNK_BYTES):
-                first = off == 0
-                yield pb.BlockChunk(index=i, offset=off, data=data[off:off + STREAM_CHUNK_BYTES],
-                                    checksum_algo=algo if first else 0,
-                                    checksum=value if first else 0)
-            nbytes += len(data)
+            frames = [encode_block_chunk(i, off, slice_views(views, off, STREAM_CHUNK_BYTES),
+                                         algo if off == 0 else 0, value if off == 0 else 0)
+                      for off in range(0, size, STREAM_CHUNK_BYTES)]
+            del views   # the arena cannot unmap while views of it live
+            for frame in frames:
+                yield frame
+            nbytes += size
         self.metrics.observe_transfer("load", "stream", nbytes, time.perf_counter() - t0)
 
     @_observed
