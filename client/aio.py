@@ -43,7 +43,8 @@ from .stream import (Coverage, chunks, load_stream_method, protocol_error, write
 from .url import to_grpc_target
 from .wire import Chunk
 
-__all__ = ["AsyncClient", "MatchResult", "SaveResult", "MAX_MESSAGE_BYTES", "WRITE_CHUNK_BYTES"]
+__all__ = ["AsyncClient", "MatchResult", "SaveResult", "CHANNEL_OPTIONS", "MAX_MESSAGE_BYTES",
+           "WRITE_CHUNK_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ WRITE_CHUNK_BYTES = 1 << 20
 # Checksumming more than this many bytes runs in a worker thread (zlib drops
 # the GIL), so one large save or load does not stall heartbeats and other calls.
 _OFFLOAD_BYTES = 4 << 20
-_CHANNEL_OPTIONS = [
+CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     # A restarted daemon is usually back within a second; gRPC's default
@@ -172,7 +173,7 @@ class AsyncClient:
         target = to_grpc_target(url)
         ns = _namespace(namespace)
         metadata = bearer_metadata(token)
-        channel = aio_channel(target, tls, _CHANNEL_OPTIONS)
+        channel = aio_channel(target, tls, CHANNEL_OPTIONS)
         self = cls(channel, ns, instance_id=instance_id, timeout=float(timeout),
                    transport=transport, checksum=checksum, max_retries=int(max_retries))
         self._metadata = metadata

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import queue
 import threading
 from typing import Any, Coroutine, Iterator, List, Optional, Sequence, TypeVar
 
@@ -23,10 +22,12 @@ import grpc
 
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
-from .aio import AsyncClient, MatchResult, NamespaceLike, SaveResult
-from .auth import TLSLike
-from .errors import DeadlineExceededError
+from .aio import CHANNEL_OPTIONS, AsyncClient, MatchResult, NamespaceLike, SaveResult
+from .auth import TLSLike, bearer_metadata, sync_channel
+from .errors import DeadlineExceededError, from_rpc_error
 from .retry import MAX_DELAY
+from .stream import Coverage, load_stream_method
+from .url import to_grpc_target
 from .wire import Chunk
 
 __all__ = ["Client"]
@@ -56,7 +57,8 @@ class Client:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, thread: threading.Thread,
                  aclient: AsyncClient, timeout: float, max_retries: int,
-                 call_timeout: Optional[float]) -> None:
+                 call_timeout: Optional[float], target: str = "", tls: TLSLike = None,
+                 token: Optional[str] = None) -> None:
         self._loop = loop
         self._thread = thread
         self._aclient = aclient
@@ -65,6 +67,10 @@ class Client:
         self._call_timeout = call_timeout
         self._close_lock = threading.Lock()
         self._closed = False
+        # load_chunks' blocking channel, to the same daemon with the same credentials
+        self._target, self._tls = target, tls
+        self._metadata = bearer_metadata(token)
+        self._sync_channel: Optional[grpc.Channel] = None
 
     # ---- lifecycle
 
@@ -93,7 +99,8 @@ class Client:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(5.0)
             raise
-        return cls(loop, thread, aclient, timeout, max_retries, call_timeout)
+        return cls(loop, thread, aclient, timeout, max_retries, call_timeout,
+                   target=to_grpc_target(url), tls=tls, token=token)
 
     def close(self) -> None:
         """Close the session and stop the loop thread. Idempotent."""
@@ -101,6 +108,8 @@ class Client:
             if self._closed:
                 return
             self._closed = True
+        if self._sync_channel is not None:
+            self._sync_channel.close()
         try:
             self._submit(self._aclient.close(), rpcs=1, check=False)
         finally:
@@ -193,42 +202,35 @@ class Client:
         self._submit(self._aclient.load_into(lease_id, outs), rpcs=2)
 
     def load_chunks(self, lease_id: int, max_blocks: Optional[int] = None) -> Iterator[Chunk]:
-        """AsyncClient.load_chunks, as an iterator for the calling thread: the
-        event loop thread receives the chunks while this one consumes them
-        (e.g. copies them into the KV cache), so the two overlap. Stopping
-        early (break, an exception) cancels the stream."""
+        """AsyncClient.load_chunks, read in the calling thread on a blocking
+        channel of this client's own (opened on first use): each message
+        goes from gRPC's threads to the caller without a hop through the
+        event loop thread, which costs a wakeup per message (on a busy
+        machine, measured as a third of the speed). Stopping early (break,
+        an exception) cancels the stream."""
         if self._closed:
             raise RuntimeError("the kvkeeper client is closed")
-        q: "queue.Queue[Any]" = queue.Queue()
-        end = object()
-
-        async def pump() -> None:
-            try:
-                async for ch in self._aclient.load_chunks(lease_id, max_blocks):
-                    q.put(ch)
-                q.put(end)
-            except BaseException as e:   # noqa: BLE001 - handed to the consumer
-                q.put(e)
-                if isinstance(e, asyncio.CancelledError):
-                    raise
-
-        fut = asyncio.run_coroutine_threadsafe(pump(), self._loop)
-        budget = self._call_timeout or _budget(self._timeout, 0, 1)
+        cov = Coverage(lease_id, self.block_bytes, max_blocks)
+        req = pb.LoadRequest(session_id=self.session_id, lease_id=lease_id)
+        call = load_stream_method(self._stream_channel())(req, timeout=self._timeout,
+                                                          metadata=self._metadata)
         try:
-            while True:
-                try:
-                    item = q.get(timeout=budget)
-                except queue.Empty:
-                    raise DeadlineExceededError(
-                        f"load_chunks received nothing for {budget:.1f} s",
-                        grpc.StatusCode.DEADLINE_EXCEEDED) from None
-                if item is end:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
+            for ch in call:
+                cov.add(ch)
+                yield ch
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, "LoadStream") from e
         finally:
-            fut.cancel()
+            call.cancel()   # no-op once the stream ended; stops it on our errors
+        cov.finish()
+
+    def _stream_channel(self) -> grpc.Channel:
+        with self._close_lock:
+            if self._closed:
+                raise RuntimeError("the kvkeeper client is closed")
+            if self._sync_channel is None:
+                self._sync_channel = sync_channel(self._target, self._tls, CHANNEL_OPTIONS)
+            return self._sync_channel
 
     def save(self, keys: Sequence[bytes], blocks: Sequence[Any]) -> SaveResult:
         return self._submit(self._aclient.save(keys, blocks), rpcs=6 * self._rounds(len(keys)))
