@@ -99,8 +99,12 @@ class Client:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(5.0)
             raise
-        return cls(loop, thread, aclient, timeout, max_retries, call_timeout,
+        self = cls(loop, thread, aclient, timeout, max_retries, call_timeout,
                    target=to_grpc_target(url), tls=tls, token=token)
+        if aclient.transport == "stream":
+            # Streaming loads will come: connect their channel now, not in the first load.
+            grpc.channel_ready_future(self._stream_channel())
+        return self
 
     def close(self) -> None:
         """Close the session and stop the loop thread. Idempotent."""
