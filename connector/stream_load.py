@@ -20,7 +20,8 @@ drop from the daemon; the leading good ones are loaded.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -35,23 +36,34 @@ def _copy_block(codec: BlockCodec, block_id: int, src: torch.Tensor) -> None:
 
 
 def load_streamed(client: Any, codec: BlockCodec, lease_id: int, block_ids: Sequence[int],
-                  check: Callable[[int, Tuple[int, int]], bool]) -> Tuple[int, List[int]]:
+                  check: Callable[[int, Tuple[int, int]], bool],
+                  timings: Optional[Dict[str, float]] = None) -> Tuple[int, List[int]]:
     """Stream lease `lease_id` into vLLM blocks `block_ids` (its leading
     len(block_ids) blocks; later ones are received and dropped). check(block
     id, (checksum_algo, checksum)) says whether a copied block is intact.
     Returns (leading blocks loaded and intact, lease positions that failed
-    their check). Raises if the stream fails or leaves a block incomplete."""
+    their check). Raises if the stream fails or leaves a block incomplete.
+    timings, if given, gets the seconds until the first chunk came
+    (stream_first) and those spent copying and checking (stream_copy)."""
     n = len(block_ids)
     bb = codec.block_bytes
     sums: Dict[int, Tuple[int, int]] = {}
     staged: Dict[int, Tuple[torch.Tensor, List[int]]] = {}   # index -> (row, [bytes got])
     intact: Dict[int, bool] = {}
 
+    t0 = time.perf_counter()
+    first = busy = 0.0
+
     def done(i: int, src: torch.Tensor) -> None:
+        nonlocal busy
+        t = time.perf_counter()
         _copy_block(codec, block_ids[i], src)
         intact[i] = check(block_ids[i], sums.get(i, (0, 0)))
+        busy += time.perf_counter() - t
 
     for ch in client.load_chunks(lease_id):
+        if not first:
+            first = time.perf_counter() - t0
         i = ch.index
         if ch.checksum_algo:
             sums[i] = (ch.checksum_algo, ch.checksum)
@@ -67,6 +79,8 @@ def load_streamed(client: Any, codec: BlockCodec, lease_id: int, block_ids: Sequ
         if got[0] == bb:
             del staged[i]
             done(i, row)
+    if timings is not None:
+        timings["stream_first"], timings["stream_copy"] = first, busy
     # load_chunks checked at the end that every block the lease holds came whole.
     missing = [i for i in range(n) if i not in intact]
     if missing:

@@ -617,7 +617,8 @@ class WorkerSide:
         try:
             t0 = time.perf_counter()
             good, bad = self.link.call(
-                lambda c: load_streamed(c, codec, lease_id, spec.block_ids[:n], self._block_ok),
+                lambda c: load_streamed(c, codec, lease_id, spec.block_ids[:n], self._block_ok,
+                                        self.timings),
                 "load")
             self.timings["stream"] = time.perf_counter() - t0
             if bad:

@@ -7,7 +7,7 @@ import zlib
 from typing import Any
 
 import pytest
-from test_servicer_errors import BLOCK, register
+from test_servicer_errors import BLOCK, descriptor, key, register
 from test_servicer_match_blocks import data, saved
 
 from kvkeeper.server.api import servicer as servicer_mod
@@ -56,3 +56,41 @@ async def test_write_blocks_reads_protobuf_chunks_with_unknown_fields(daemon: An
     await stub.CommitSave(pb.CommitSaveRequest(session_id=sid, reservation_id=res.reservation_id))
     m = await stub.Match(pb.MatchRequest(session_id=sid, keys=[k], lease=True, blocks=True))
     assert daemon.arena.read(m.blocks[0].extents) == body
+
+
+async def test_a_lease_released_mid_stream_ends_it_with_failed_precondition(
+        daemon_factory: Any) -> None:
+    """Every frame is built while the lease is live: once it is released, the
+    next block is refused instead of read from pages that may be reused."""
+    import grpc
+
+    from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
+
+    big = 1 << 20    # 24 MiB in all: far more than the stream can have in flight
+    d = await daemon_factory(**{"host_tier.capacity_bytes": 4096 + 32 * big})
+    async with grpc.aio.insecure_channel(f"unix:{d.socket_path}") as ch:
+        stub = pb_grpc.KVKeeperStub(ch)
+        r = await stub.RegisterSession(pb.RegisterSessionRequest(
+            instance_id="t", namespace=descriptor(block_bytes=big)))
+        sid, ks = r.session_id, [key(i) for i in range(24)]
+        res = await stub.ReserveSave(pb.ReserveSaveRequest(session_id=sid, keys=ks,
+                                                           transport=pb.TRANSPORT_STREAM))
+        await stub.WriteBlocks(iter([pb.WriteChunk(session_id=sid, reservation_id=res.reservation_id,
+                                                   index=i, data=bytes([i]) * big)
+                                     for i in range(24)]))
+        await stub.CommitSave(pb.CommitSaveRequest(session_id=sid,
+                                                   reservation_id=res.reservation_id))
+        m = await stub.Match(pb.MatchRequest(session_id=sid, keys=ks, lease=True))
+        call = stub.LoadStream(pb.LoadRequest(session_id=sid, lease_id=m.lease_id))
+        first = await call.read()
+        assert first.index == 0 and first.data == bytes([0]) * big
+        await stub.Release(pb.ReleaseRequest(session_id=sid, lease_id=m.lease_id))
+        got = 1
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            while (c := await call.read()) is not grpc.aio.EOF:
+                assert c.data == bytes([c.index]) * len(c.data)   # never another block's bytes
+                got += 1
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "released while it was being streamed" in info.value.details()
+        assert got < 24
+    d.ledger.check_invariants()
