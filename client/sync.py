@@ -5,7 +5,9 @@ wraps AsyncClient instead of duplicating it: one daemon thread owns an event
 loop, the channel and the heartbeat task; every method hands a coroutine to
 that loop (asyncio.run_coroutine_threadsafe) and waits for it. Heartbeats
 therefore keep running while the caller's threads are busy, and any number of
-threads may call at once.
+threads may call at once. The exception is `load_chunks`, the connector's
+streamed load: it reads LoadStream in the calling thread, on a blocking
+channel of its own to the same daemon.
 
 Each wait is bounded (`call_timeout`, by default enough for every RPC of the
 call to use its deadline and all its retries); past it the call is cancelled

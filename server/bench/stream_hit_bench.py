@@ -28,9 +28,11 @@ Results (seconds, median of the repetitions; ratio = stream / shm):
 
   stream_hit.<model>.full_hit.stream_vs_shm    target <= 1.5 (issue 10)
 
-params carry every sample and both loaders' median load breakdowns
-(ttft_connector.py: fetch, copy, check, and for the stream path the phases
-of connector/stream_load.py). KVKEEPER_BENCH_STREAM_MODELS (comma-separated
+params carry every sample and both loaders' median breakdowns
+(ttft_connector.py; load.fetch is the worker's whole load before the
+forward; over shm load.copy/load.check the copies and checks; over streams
+load.stream the LoadStream with its copies and checks, load.stream_first the
+wait for its first chunk, load.stream_copy the copying and checking). KVKEEPER_BENCH_STREAM_MODELS (comma-separated
 names of MODELS) picks the models; KVKEEPER_BENCH_CONNECTOR_EXTRA (JSON)
 adds kv_connector_extra_config to every kvkeeper engine, for A/B runs.
 """
