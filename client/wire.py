@@ -25,7 +25,8 @@ from __future__ import annotations
 from typing import Any, List, NamedTuple, Sequence, Tuple
 
 __all__ = ["Chunk", "WriteChunkView", "encode_block_chunk", "encode_write_chunk",
-           "parse_block_chunk", "parse_write_chunk", "slice_views", "WireError"]
+           "frame_or_message", "parse_block_chunk", "parse_write_chunk", "slice_views",
+           "WireError"]
 
 _U32 = 0xFFFFFFFF
 _U64 = 0xFFFFFFFFFFFFFFFF
@@ -82,6 +83,12 @@ def _length(pieces: Sequence[Any]) -> Tuple[List[memoryview], int]:
 
 def _bytes_field(field: int, n: int) -> bytes:
     return _varint(field << 3 | 2) + _varint(n) if n else b""
+
+
+def frame_or_message(msg: Any) -> bytes:
+    """A response serializer for a stream of frames built here: frames
+    (bytes) go as they are, protobuf messages are serialized."""
+    return msg if type(msg) is bytes else msg.SerializeToString()
 
 
 def slice_views(views: Sequence[memoryview], start: int, n: int) -> List[memoryview]:

@@ -49,7 +49,8 @@ def add_commands(sub: Any) -> None:
     add_connection_args(p)
     p.set_defaults(func=cmd_drain, timeout=None)
 
-    p = sub.add_parser("verify", help="re-check every disk-tier checksum, quarantine bad files")
+    p = sub.add_parser("verify", help="re-check every disk-tier checksum, quarantine bad files "
+                                      "(`verify replay --help`: restart-and-replay check of vLLM)")
     add_connection_args(p)
     p.set_defaults(func=cmd_verify, timeout=None)
 

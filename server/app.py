@@ -21,16 +21,18 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from kvkeeper.v1 import admin_pb2, admin_pb2_grpc, kvkeeper_pb2
+from kvkeeper.v1 import admin_pb2, admin_pb2_grpc, kvkeeper_pb2, kvkeeper_pb2_grpc
 
 from . import logsetup
 from .access import give_group, resolve_group
 from .api.admin import AdminServicer
-from .api.handlers import add_servicer_to_server
-from .api.servicer import KVKeeperServicer
+from .api.decoding import add_guarded
+from .api.servicer import BULK_CODECS, KVKeeperServicer
 from .auth import AuthInterceptor, AuthPolicy, check_exposure, server_credentials
 from .config import Config, ConfigError
+from .gcpolicy import GcPolicy
 from .ledger import Ledger
+from .ledger.sessions import tag
 from .metrics import Metrics
 from .reload import plan_reload
 from .sdnotify import notify as sd_notify
@@ -123,7 +125,8 @@ class Daemon:
         self.auth: Optional[AuthPolicy] = None
         interceptors = []
         if self.tokens is not None:
-            self.auth = AuthPolicy(self.tokens, mutual_tls=bool(config.tls.client_ca_file))
+            self.auth = AuthPolicy(self.tokens, mutual_tls=bool(config.tls.client_ca_file),
+                                   require_token_on_socket=config.auth.require_token_on_socket)
             interceptors.append(AuthInterceptor(self.auth))
         self.server = grpc.aio.server(options=opts, interceptors=interceptors)
         self.servicer = KVKeeperServicer(
@@ -131,12 +134,13 @@ class Daemon:
             max_message_bytes=config.server.max_message_bytes, disk=self.disk)
         if self.auth is not None:
             self.servicer.authorize_namespace = self.auth.check_namespace
-        add_servicer_to_server(self.servicer, self.server)
+        add_guarded(kvkeeper_pb2_grpc.add_KVKeeperServicer_to_server, self.servicer, self.server,
+                    codecs=BULK_CODECS)
         services = [SERVICE_NAME]
         self.admin: Optional[AdminServicer] = None
         if config.admin.enabled:
             self.admin = AdminServicer(self.ledger, self.servicer, self.disk)
-            admin_pb2_grpc.add_KVKeeperAdminServicer_to_server(self.admin, self.server)
+            add_guarded(admin_pb2_grpc.add_KVKeeperAdminServicer_to_server, self.admin, self.server)
             services.append(ADMIN_SERVICE_NAME)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -148,7 +152,9 @@ class Daemon:
         self.socket_path: Optional[str] = None
         self._metrics_http: Any = None
         self._reaper: Optional[asyncio.Task[None]] = None
+        self._gc_ticker: Optional[asyncio.Task[None]] = None
         self._stopped = False
+        self.gc = GcPolicy(config.server.gc_freeze_interval_seconds)
 
     def bind(self) -> int:
         lc = self.config.listen
@@ -167,6 +173,12 @@ class Daemon:
         return self.port
 
     async def start(self) -> None:
+        # Before the first request can arrive: the ledger and the disk tier's
+        # recovered index are built, and nothing in flight gets frozen with them.
+        settled = self.gc.settle(time.monotonic())
+        if settled is not None:
+            log.info("gc: %d objects frozen after start-up (collection and freeze took %.3fs)",
+                     self.gc.frozen_objects, settled.seconds)
         await self.server.start()
         if self.socket_path:
             os.chmod(self.socket_path, self.config.listen.socket_mode)
@@ -174,6 +186,7 @@ class Daemon:
         if self.config.metrics.address:
             self._metrics_http = self.metrics.start_http(self.config.metrics.address)
         self._reaper = asyncio.get_running_loop().create_task(self._reap())
+        self._gc_ticker = asyncio.get_running_loop().create_task(self._gc_ticks())
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         log.info("kvkeeper %s serving: socket=%s tcp=%s metrics=%s arena=%s (%d pages of %d B) policy=%s "
@@ -198,9 +211,18 @@ class Daemon:
                 log.exception("expiry failed")
                 continue
             for sid in report.sessions:
-                log.info("session end id=%s reason=expired", sid)
+                log.info("session end %s reason=expired", tag(sid))
             if report.reservations:
                 log.info("reclaimed %d reservations that were never committed", len(report.reservations))
+
+    async def _gc_ticks(self) -> None:
+        """GcPolicy's ticks on a timer of their own: the interval may be under a second."""
+        while True:
+            await asyncio.sleep(self.gc.interval_s or REAP_INTERVAL_S)
+            try:
+                self.gc.tick(time.monotonic())
+            except Exception:  # noqa: BLE001 - as the reaper: outlive a bug report
+                log.exception("gc tick failed")
 
     def _auth_summary(self) -> str:
         parts = []
@@ -233,6 +255,7 @@ class Daemon:
         logsetup.set_level(sc.log_level)
         logsetup.set_format(sc.log_format)
         self.watch.storm.threshold = sc.eviction_storm_blocks
+        self.gc.set_interval(sc.gc_freeze_interval_seconds, time.monotonic())
         if table is not None and self.auth is not None:
             self.tokens = table
             self.auth.table = table
@@ -254,7 +277,11 @@ class Daemon:
         self.servicer.serving = False
         if self._reaper:
             self._reaper.cancel()
+        if self._gc_ticker:
+            self._gc_ticker.cancel()
         await self.server.stop(grace)
+        # No request comes any more: hand the heap back to CPython's own GC.
+        self.gc.release()
         if self.disk is not None:
             # Write-back: everything acknowledged reaches the disk before the arena goes.
             await self.disk.close()

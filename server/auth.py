@@ -5,10 +5,12 @@ Who a caller is depends on how it reached the daemon:
 * a bearer token (metadata `authorization: Bearer <token>`), on any listener:
   the grant of that token in auth.tokens_file; a token nobody issued is
   UNAUTHENTICATED, never ignored;
-* the unix socket without a token: trusted. The socket's mode and group
-  (listen.socket_mode, listen.socket_group) already decided who may connect,
-  and whoever may connect may also map the arena, which holds every
-  namespace's bytes, so a token there would guard nothing;
+* the unix socket without a token: trusted, as one identity ("socket"). The
+  socket's mode and group (listen.socket_mode, listen.socket_group) already
+  decided who may connect, and whoever may connect may also map the arena,
+  which holds every namespace's bytes. Where that group is wider than one
+  trust domain, auth.require_token_on_socket makes socket callers present a
+  token too, so their sessions belong to their tokens;
 * TCP without a token: trusted only when nothing is configured to
   authenticate TCP callers (a loopback listener, see check_exposure) or when
   mutual TLS verified the client's certificate and no tokens are defined;
@@ -16,8 +18,10 @@ Who a caller is depends on how it reached the daemon:
 
 A token limits its holder to the models it lists (RegisterSession for another
 model is PERMISSION_DENIED, and every other data RPC acts inside a session's
-namespace) and to the data service unless it is marked admin. grpc.health.v1
-answers everyone: probes carry no credentials.
+namespace) and to the data service unless it is marked admin. Every session
+belongs to the identity that registered it (identity.py): another identity
+holding its id gets what an unknown id gets. grpc.health.v1 answers everyone:
+probes carry no credentials.
 
 AuthInterceptor wraps each method handler once (the wrapper is per method,
 not per call) and runs the check inside the call, where the peer and the
@@ -33,9 +37,12 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 
 import grpc
 
-from . import errors
-from .api.status import status_for
+from . import errors, identity
+from .api.status import set_status, status_for
 from .config import Config, ConfigError, parse_address
+from .ids import Identity
+from .quoting import clip
+from .ratelog import RepeatLog
 from .tokens import TokenTable
 
 log = logging.getLogger("kvkeeper.auth")
@@ -49,13 +56,13 @@ class Caller:
     name: str
     models: Optional[frozenset[str]]   # None: every model
     admin: bool
+    identity: Identity
 
     def allows_model(self, model_id: str) -> bool:
         return self.models is None or model_id in self.models
 
 
-SOCKET_CALLER = Caller("unix socket", None, True)
-TRUSTED_TCP = Caller("tcp (no authentication configured)", None, True)
+SOCKET_CALLER = Caller("unix socket", None, True, identity.SOCKET)
 
 
 # ------------------------------------------------------------------ start-up policy
@@ -73,7 +80,17 @@ def is_loopback(address: str) -> bool:
 
 
 def check_exposure(config: Config, table: Optional[TokenTable]) -> None:
-    """ConfigError unless a TCP listener beyond loopback authenticates its callers."""
+    """ConfigError unless a TCP listener beyond loopback authenticates its callers,
+    or when the socket is to require tokens that nothing defines."""
+    if config.auth.require_token_on_socket and (table is None or not table.grants):
+        raise ConfigError(
+            "auth.require_token_on_socket = true (from "
+            f"{config.source_of('auth.require_token_on_socket')}) but "
+            + ("auth.tokens_file defines no token" if table is not None
+               else "there is no auth.tokens_file")
+            + ": no socket caller could connect; set auth.tokens_file or turn the option off",
+            key="auth.require_token_on_socket",
+            source=config.source_of("auth.require_token_on_socket"))
     tcp = config.listen.tcp
     if not tcp or is_loopback(tcp) or config.auth.allow_insecure_tcp:
         return
@@ -137,67 +154,52 @@ def bearer_token(metadata: Optional[Sequence[Any]]) -> Optional[str]:
 class AuthPolicy:
     """Decides who a caller is. `table` may be swapped at any time (reload)."""
 
-    def __init__(self, table: TokenTable, *, mutual_tls: bool) -> None:
+    def __init__(self, table: TokenTable, *, mutual_tls: bool,
+                 require_token_on_socket: bool = False) -> None:
         self.table = table
         self.mutual_tls = mutual_tls
+        self.require_token_on_socket = require_token_on_socket
+        self.denials = RepeatLog(log, "auth_denied")
 
-    def identify(self, peer: str, tls_client: bool, token: Optional[str]) -> Caller:
+    def identify(self, peer: str, tls_subject: Optional[str], token: Optional[str]) -> Caller:
         if token is not None:
             grant = self.table.find(token)
             if grant is None:
                 raise errors.Unauthenticated(
                     "the bearer token is not valid; ask the operator for a token listed in "
                     "the daemon's auth.tokens_file")
-            return Caller(grant.name, grant.models, grant.admin)
+            return Caller(grant.name, grant.models, grant.admin, identity.for_token(grant.name))
         if peer.startswith("unix:"):
-            return SOCKET_CALLER
-        if not self.table.grants and (tls_client or not self.mutual_tls):
-            return TRUSTED_TCP
+            if not self.require_token_on_socket:
+                return SOCKET_CALLER
+        elif not self.table.grants and (tls_subject or not self.mutual_tls):
+            if tls_subject:
+                return Caller(f"client certificate {tls_subject}", None, True,
+                              Identity(f"mtls:{tls_subject}"))
+            return Caller("tcp (no authentication configured)", None, True, identity.TCP)
         raise errors.Unauthenticated(
             "this listener needs a bearer token: send the metadata 'authorization: Bearer "
             "<token>' (kvkeeper CLI: --token-file or $KVKEEPER_TOKEN; client: token=)")
 
     def identify_context(self, context: Any) -> Caller:
-        return self.identify(context.peer() or "", _tls_client(context),
+        return self.identify(context.peer() or "", identity.tls_subject(context),
                              bearer_token(context.invocation_metadata()))
 
     def check_namespace(self, context: Any, model_id: str) -> None:
         """The RegisterSession hook: PermissionDenied unless the caller may use `model_id`."""
         caller = self.identify_context(context)
         if not caller.allows_model(model_id):
-            log.warning("auth: %s may not register model %r", caller.name, model_id,
-                        extra={"event": "auth_denied", "caller": caller.name,
-                               "peer": context.peer()})
+            self.denials.log("auth: %s may not register model %s", caller.name, clip(model_id),
+                             caller=caller.name, peer=context.peer())
             raise errors.PermissionDenied(
-                f"the token {caller.name!r} does not cover model {model_id!r}; it covers "
+                f"the token {caller.name!r} does not cover model {clip(model_id)}; it covers "
                 f"{', '.join(sorted(caller.models or ()))}")
-
-
-def _tls_client(context: Any) -> bool:
-    """Whether the connection is TLS with a client certificate (mutual TLS verified it)."""
-    ac = context.auth_context() or {}
-    return b"ssl" in ac.get("transport_security_type", ()) and bool(ac.get("x509_pem_cert"))
-
-
-class _Refusals:
-    """Logs refused calls, fewer as they repeat: a client stuck on a bad token
-    (or someone guessing) must not flood the log. Counts, not time."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def log(self, method: str, peer: str, exc: BaseException) -> None:
-        self.count += 1
-        n = self.count
-        if n <= 10 or n & (n - 1) == 0:
-            log.warning("auth: refused %s from %s: %s (%d refusals so far)", method, peer, exc, n,
-                        extra={"event": "auth_refused", "method": method, "peer": peer})
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, policy: AuthPolicy) -> None:
         self.policy = policy
-        self.refusals = _Refusals()
+        self.refusals = RepeatLog(log, "auth_refused")
         self._wrapped: dict[str, tuple[Any, Any]] = {}
 
     async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
@@ -212,7 +214,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             self._wrapped[method] = cached
         return cached[1]
 
-    async def _check(self, context: Any, method: str, admin: bool) -> None:
+    async def _check(self, context: Any, method: str, admin: bool) -> bool:
+        """True when the caller may go on; otherwise the refusal is set on the call
+        (without context.abort(): see api.status.set_status)."""
         try:
             caller = self.policy.identify_context(context)
             if admin and not caller.admin:
@@ -220,9 +224,13 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                     f"{method} needs a token marked admin = true in auth.tokens_file; "
                     f"{caller.name!r} is not")
         except (errors.Unauthenticated, errors.PermissionDenied) as exc:
-            self.refusals.log(method, context.peer(), exc)
-            code, msg = status_for(exc)
-            await context.abort(code, msg)
+            self.refusals.log("auth: refused %s from %s: %s", method, context.peer(), exc,
+                              method=method, peer=context.peer())
+            set_status(context, *status_for(exc))
+            return False
+        # The handler runs in this same task: it reads who the caller is from here.
+        identity.CURRENT.set(caller.identity)
+        return True
 
     def _wrap(self, handler: Any, method: str) -> Any:
         admin = method.split("/")[1] == ADMIN_SERVICE
@@ -233,11 +241,13 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                   response_serializer=handler.response_serializer)
 
         async def unary(request: Any, context: Any) -> Any:
-            await check(context, method, admin)
+            if not await check(context, method, admin):
+                return None
             return await (inner_uu or inner_su)(request, context)
 
         async def streaming(request: Any, context: Any) -> Any:
-            await check(context, method, admin)
+            if not await check(context, method, admin):
+                return
             out = (inner_us or inner_ss)(request, context)
             if hasattr(out, "__aiter__"):
                 async for item in out:

@@ -7,6 +7,8 @@
     kvkeeper status [--url URL] [--json] [--timeout SECONDS] [--token-file FILE] [--tls ...]
     kvkeeper ls | inspect | evict | drain | verify   (admin_cli.py)
     kvkeeper bench ARGS...      (forwarded to kvkeeper.server.bench.main)
+    kvkeeper experiment {prefix,report} ARGS...   (kvkeeper.server.experiment)
+    kvkeeper verify replay ARGS...                (kvkeeper.server.experiment.replay)
     kvkeeper version
 
 Exit codes: 0 success; 1 runtime failure (daemon unreachable, bench unavailable);
@@ -99,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_commands(sub)
 
     sub.add_parser("bench", help="run the benchmark (kvkeeper bench --help)", add_help=False)
+    sub.add_parser("experiment", add_help=False,
+                   help="unique vs shared prefix on a vLLM server (kvkeeper experiment --help)")
 
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=cmd_version)
@@ -109,6 +113,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "bench":
         return cmd_bench(argv[1:])
+    # Client-side checks of a live vLLM server: loaded only when asked for.
+    if argv and argv[0] == "experiment":
+        from kvkeeper.server.experiment import main as experiment_main
+        return experiment_main(argv[1:])
+    if argv[:2] == ["verify", "replay"]:
+        from kvkeeper.server.experiment.replay import main as replay_main
+        return replay_main(argv[2:])
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -159,6 +159,10 @@ class ServerSection:
                            choices=LOG_FORMATS)
     eviction_storm_blocks: int = _opt(10000, "int", "capacity evictions within 10 s that are "
                                       "logged as an eviction storm; 0 disables", min=0)
+    gc_freeze_interval_seconds: float = _opt(
+        1.0, "duration", "how often the daemon collects the objects created since the last "
+        "time and freezes them (gc.freeze), so that no garbage collection walks the resident "
+        "blocks; 0 leaves Python's garbage collector as it is", min=0, max=3600)
 
 
 @dataclass(frozen=True)
@@ -174,6 +178,9 @@ class AuthSection:
     allow_insecure_tcp: bool = _opt(False, "bool", "let listen.tcp bind a non-loopback address "
                                     "with neither tokens nor mutual TLS (only behind a "
                                     "firewall or a container network you trust)")
+    require_token_on_socket: bool = _opt(False, "bool", "unix-socket callers must send a bearer "
+                                         "token too (needs auth.tokens_file): for hosts where "
+                                         "the socket's group is wider than one trust domain")
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,14 @@ SessionId = NewType("SessionId", str)
 LeaseId = NewType("LeaseId", int)
 ReservationId = NewType("ReservationId", int)
 TierName = NewType("TierName", str)            # "gpu", "host", "disk"
+# Who registered a session: "token:<name>", "mtls:<subject>", "socket", "tcp", ...
+Identity = NewType("Identity", str)
 
 HOST = TierName("host")
 DISK = TierName("disk")
 GPU = TierName("gpu")
+
+# In-process callers that name nobody (tests, benchmarks); no RPC is ever LOCAL.
+LOCAL = Identity("local")
+# The daemon's own sessions (disk-tier flushes and promotions); no caller can be it.
+INTERNAL = Identity("internal")

@@ -41,6 +41,10 @@ RPC_METHODS: tuple[str, ...] = (
     "RegisterSession", "Heartbeat", "CloseSession", "Match", "Load", "LoadStream",
     "ReserveSave", "WriteBlocks", "CommitSave", "AbortSave", "Release", "Stats",
 )
+# The RPCs of service kvkeeper.v1.KVKeeperAdmin, in proto order.
+ADMIN_RPC_METHODS: tuple[str, ...] = (
+    "ListNamespaces", "InspectBlock", "Evict", "Drain", "Verify",
+)
 # Non-OK codes the daemon answers with, pre-created at zero. Other gRPC code
 # names are accepted (bounded set) and appear on first use.
 RPC_ERROR_CODES: tuple[str, ...] = (
@@ -281,7 +285,8 @@ class Metrics:
             p + "transfer_duration_seconds", "Time to move the blocks of one save or load.",
             ["direction", "transport"], registry=registry, buckets=TRANSFER_BUCKETS)
         # Pre-create every child so each series exists at zero from start-up.
-        self._rpc_hist = {m: self.rpc_duration.labels(method=m) for m in RPC_METHODS}
+        self._rpc_hist = {m: self.rpc_duration.labels(method=m)
+                          for m in RPC_METHODS + ADMIN_RPC_METHODS}
         self._rpc_err: dict[tuple[str, str], Any] = {
             (m, c): self.rpc_errors.labels(method=m, code=c)
             for m in RPC_METHODS for c in RPC_ERROR_CODES}
@@ -325,7 +330,7 @@ class Metrics:
         the fixed sets, so a typo cannot mint a new series."""
         hist = self._rpc_hist.get(method)
         if hist is None:
-            _check(method, RPC_METHODS, "RPC method")
+            _check(method, RPC_METHODS + ADMIN_RPC_METHODS, "RPC method")
         hist.observe(max(0.0, seconds))
         if code is None:
             return

@@ -9,26 +9,23 @@ with namespace ids and counts (never keys).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import threading
 import time
 from collections import defaultdict
 from typing import Any, AsyncIterator, Callable, Optional
 
-import grpc
-
 from kvkeeper.v1 import admin_pb2 as apb
 from kvkeeper.v1 import admin_pb2_grpc as apb_grpc
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
-from ..errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from ..errors import FailedPrecondition, InvalidArgument, NotFound
 from ..ids import DISK, NamespaceId
 from ..ledger import Ledger
 from ..ledger.quota import quota_for
 from ..tiers.disk_tier import INTERNAL_INSTANCE
 from .convert import tier_to_pb
-from .status import status_for
+from .handler import rpc, rpc_stream
 
 log = logging.getLogger("kvkeeper.admin")
 
@@ -42,42 +39,24 @@ class _VerifyCancelled(Exception):
     """Raised inside verify_all's thread once the caller has gone away."""
 
 
-def _admin(fn: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    async def handler(self: "AdminServicer", request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            self._check_serving()
-            return await fn(self, request, context)
-        except Exception as exc:  # noqa: BLE001 - every error gets a status
-            await context.abort(*status_for(exc))
-    return handler
-
-
-def _admin_stream(fn: Callable[..., AsyncIterator[Any]]) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    async def handler(self: "AdminServicer", request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            self._check_serving()
-            async for item in fn(self, request, context):
-                yield item
-        except Exception as exc:  # noqa: BLE001
-            await context.abort(*status_for(exc))
-    return handler
-
-
 class AdminServicer(apb_grpc.KVKeeperAdminServicer):
     def __init__(self, ledger: Ledger, data: Any, disk: Any = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        """`data` is the KVKeeperServicer: its `serving` and `accepting_saves` flags."""
+        """`data` is the KVKeeperServicer: its `serving` and `accepting_saves`
+        flags, and its metrics, where admin calls are counted too."""
         self.ledger = ledger
         self.data = data
         self.disk = disk
         self.clock = clock
         self._verifying = False
 
-    def _check_serving(self) -> None:
-        if not self.data.serving:
-            raise Unavailable("the daemon is shutting down; retry against the restarted daemon")
+    @property
+    def serving(self) -> bool:
+        return bool(self.data.serving)
+
+    @property
+    def metrics(self) -> Any:
+        return getattr(self.data, "metrics", None)
 
     def _namespace_id(self, raw: bytes) -> NamespaceId:
         if len(raw) != NAMESPACE_ID_BYTES:
@@ -87,7 +66,7 @@ class AdminServicer(apb_grpc.KVKeeperAdminServicer):
         return NamespaceId(bytes(raw))
 
     # ------------------------------------------------------------ reading
-    @_admin
+    @rpc
     async def ListNamespaces(self, request: apb.ListNamespacesRequest,
                              context: Any) -> apb.ListNamespacesResponse:
         L = self.ledger
@@ -127,7 +106,7 @@ class AdminServicer(apb_grpc.KVKeeperAdminServicer):
             info.tiers.add(tier=pb.TIER_DISK, blocks=blocks, bytes=nbytes)
         return resp
 
-    @_admin
+    @rpc
     async def InspectBlock(self, request: apb.InspectBlockRequest,
                            context: Any) -> apb.InspectBlockResponse:
         ns_id = self._namespace_id(request.namespace_id)
@@ -154,7 +133,7 @@ class AdminServicer(apb_grpc.KVKeeperAdminServicer):
         return resp
 
     # ------------------------------------------------------------ actions
-    @_admin
+    @rpc
     async def Evict(self, request: apb.EvictRequest, context: Any) -> apb.EvictResponse:
         target = request.WhichOneof("target")
         if target is None or (target == "all" and not request.all):
@@ -174,7 +153,7 @@ class AdminServicer(apb_grpc.KVKeeperAdminServicer):
                         "evicted": evicted, "remaining": remaining})
         return apb.EvictResponse(evicted=evicted, remaining=remaining)
 
-    @_admin
+    @rpc
     async def Drain(self, request: apb.DrainRequest, context: Any) -> apb.DrainResponse:
         t0 = time.perf_counter()
         if self.data.accepting_saves:
@@ -191,7 +170,7 @@ class AdminServicer(apb_grpc.KVKeeperAdminServicer):
         return apb.DrainResponse(disk_tier=self.disk is not None,
                                  open_reservations=open_reservations, seconds=seconds)
 
-    @_admin_stream
+    @rpc_stream
     async def Verify(self, request: apb.VerifyRequest,
                      context: Any) -> AsyncIterator[apb.VerifyProgress]:
         if self.disk is None:

@@ -6,72 +6,33 @@ and converts the result. Errors become status codes in api.status only.
 """
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from typing import Any, AsyncIterator, Callable, Iterable
 
-import grpc
-
-from kvkeeper.client.wire import encode_block_chunk, slice_views
+from kvkeeper.client.wire import (encode_block_chunk, frame_or_message, parse_write_chunk,
+                                  slice_views)
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 
+from .. import identity
 from ..errors import FailedPrecondition, Unavailable
 from ..ids import SessionId
 from ..ledger import Block, Ledger
+from ..ledger.sessions import tag
+from ..quoting import clip
 from .convert import SLOT_TO_PB, descriptor_from_pb, tier_to_pb
-from .status import status_for
+from .handler import rpc, rpc_stream
 
 log = logging.getLogger("kvkeeper.api")
 
 # 1 MiB: 4 MiB chunks overflow the L2 cache and measured slower end to end.
 STREAM_CHUNK_BYTES = 1 << 20
-
-
-def _observed(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Unary and client-streaming handlers: refuse while draining, map errors, time."""
-    method = fn.__name__
-
-    @functools.wraps(fn)
-    async def handler(self: "KVKeeperServicer", request: Any, context: grpc.aio.ServicerContext) -> Any:
-        t0 = time.perf_counter()
-        code: str | None = None
-        try:
-            if not self.serving:
-                raise Unavailable("the daemon is shutting down; retry against the restarted daemon")
-            return await fn(self, request, context)
-        except Exception as exc:  # noqa: BLE001 - every error gets a status
-            status, msg = status_for(exc)
-            code = status.name
-            await context.abort(status, msg)
-        finally:
-            self.metrics.observe_rpc(method, time.perf_counter() - t0, code)
-
-    return handler
-
-
-def _observed_stream(fn: Callable[..., AsyncIterator[Any]]) -> Callable[..., Any]:
-    """Server-streaming handlers: same contract as _observed, as an async generator."""
-    method = fn.__name__
-
-    @functools.wraps(fn)
-    async def handler(self: "KVKeeperServicer", request: Any, context: grpc.aio.ServicerContext) -> Any:
-        t0 = time.perf_counter()
-        code: str | None = None
-        try:
-            if not self.serving:
-                raise Unavailable("the daemon is shutting down; retry against the restarted daemon")
-            async for item in fn(self, request, context):
-                yield item
-        except Exception as exc:  # noqa: BLE001
-            status, msg = status_for(exc)
-            code = status.name
-            await context.abort(status, msg)
-        finally:
-            self.metrics.observe_rpc(method, time.perf_counter() - t0, code)
-
-    return handler
+# The bulk messages go through kvkeeper.client.wire (the same bytes, fewer
+# copies): LoadStream yields frames built from the arena in one copy, and
+# WriteBlocks reads each chunk's data as a view of the received message.
+BULK_CODECS = {"LoadStream": {"response_serializer": frame_or_message},
+               "WriteBlocks": {"request_deserializer": parse_write_chunk}}
 
 
 class KVKeeperServicer(pb_grpc.KVKeeperServicer):
@@ -98,40 +59,44 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         return self.arena.extents(b.pages, b.ns.pages_per_block, b.ns.block_bytes)
 
     # ------------------------------------------------------------ sessions
-    @_observed
+    @rpc
     async def RegisterSession(self, request: pb.RegisterSessionRequest, context: Any) -> pb.RegisterSessionResponse:
         if self.authorize_namespace is not None:
             self.authorize_namespace(context, request.namespace.model_id)
         s = self.ledger.register_session(
-            request.instance_id, descriptor_from_pb(request.namespace), self.clock())
+            request.instance_id, descriptor_from_pb(request.namespace), self.clock(),
+            owner=identity.of(context))
         d = s.ns.descriptor
-        log.info("session start id=%s instance=%r model=%r tp=%d/%d block=%dB",
-                 s.id, s.instance_id, d.model_id, d.tp_rank, d.tp_size, d.block_bytes)
+        # The tag, never the id: logs travel, and the id is half of a session's credential.
+        log.info("session start %s instance=%s model=%s tp=%d/%d block=%dB", tag(s.id),
+                 clip(s.instance_id), clip(d.model_id), d.tp_rank, d.tp_size, d.block_bytes)
         cfg = self.ledger.config
         return pb.RegisterSessionResponse(
             session_id=s.id, lease_ttl_seconds=cfg.lease_ttl_s, namespace_id=s.ns.id,
             arena=self.arena_pb, key_bytes=cfg.key_bytes, max_keys_per_call=cfg.max_keys_per_call,
             max_message_bytes=self.max_message_bytes)
 
-    @_observed
+    @rpc
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
-        self.ledger.heartbeat(SessionId(request.session_id), self.clock())
+        self.ledger.heartbeat(SessionId(request.session_id), self.clock(), identity.of(context))
         return pb.HeartbeatResponse(lease_ttl_seconds=self.ledger.config.lease_ttl_s)
 
-    @_observed
+    @rpc
     async def CloseSession(self, request: pb.CloseSessionRequest, context: Any) -> pb.CloseSessionResponse:
-        self.ledger.close_session(SessionId(request.session_id), self.clock())
-        log.info("session end id=%s reason=closed", request.session_id)
+        self.ledger.close_session(SessionId(request.session_id), self.clock(), identity.of(context))
+        log.info("session end %s reason=closed", tag(request.session_id))
         return pb.CloseSessionResponse()
 
     # ------------------------------------------------------------ match / load / release
-    @_observed
+    @rpc
     async def Match(self, request: pb.MatchRequest, context: Any) -> pb.MatchResponse:
         sid = SessionId(request.session_id)
+        owner = identity.of(context)
         if self.disk is not None:
-            r = await self.disk.match(sid, request.keys, lease=request.lease)
+            r = await self.disk.match(sid, request.keys, lease=request.lease, owner=owner)
         else:
-            r = self.ledger.match(sid, request.keys, lease=request.lease, now=self.clock())
+            r = self.ledger.match(sid, request.keys, lease=request.lease, now=self.clock(),
+                                  owner=owner)
         tiers = r.tiers
         if tiers and tiers.count(tiers[0]) == len(tiers):
             pb_tiers = [tier_to_pb(tiers[0])] * len(tiers)
@@ -146,11 +111,14 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             self._block_refs(self.ledger.leases[r.lease_id].blocks, resp.blocks)
         return resp
 
-    @_observed
+    @rpc
     async def Load(self, request: pb.LoadRequest, context: Any) -> pb.LoadResponse:
-        lease = self.ledger.lease(SessionId(request.session_id), request.lease_id, self.clock())
+        now = self.clock()
+        lease = self.ledger.lease(SessionId(request.session_id), request.lease_id, now,
+                                  identity.of(context))
         resp = pb.LoadResponse()
         self._block_refs(lease.blocks, resp.blocks)
+        self.ledger.renew(lease.session, now)
         return resp
 
     def _block_refs(self, blocks: Iterable[Block], out: Any) -> None:
@@ -168,12 +136,13 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             nbytes += b.ns.block_bytes
         self.metrics.observe_transfer("load", "shm", nbytes, None)
 
-    @_observed_stream
+    @rpc_stream
     async def LoadStream(self, request: pb.LoadRequest, context: Any) -> AsyncIterator[bytes]:
-        """Yields serialized BlockChunks (handlers.serialize_frame sends them as
+        """Yields serialized BlockChunks (wire.frame_or_message sends them as
         they are), each built in one copy from the arena."""
         t0 = time.perf_counter()
-        lease = self.ledger.lease(SessionId(request.session_id), request.lease_id, self.clock())
+        lease = self.ledger.lease(SessionId(request.session_id), request.lease_id, self.clock(),
+                                  identity.of(context))
         nbytes = 0
         for i, b in enumerate(list(lease.blocks)):
             # Between yields another RPC may release the lease and its pages may
@@ -191,22 +160,25 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
                 yield frame
             nbytes += size
         self.metrics.observe_transfer("load", "stream", nbytes, time.perf_counter() - t0)
+        self.ledger.renew(lease.session, self.clock())
 
-    @_observed
+    @rpc
     async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseResponse:
         self.ledger.release(SessionId(request.session_id), request.lease_id, self.clock(),
-                            discard=request.discard, discard_indices=request.discard_indices)
+                            discard=request.discard, discard_indices=request.discard_indices,
+                            owner=identity.of(context))
         return pb.ReleaseResponse()
 
     # ------------------------------------------------------------ save
-    @_observed
+    @rpc
     async def ReserveSave(self, request: pb.ReserveSaveRequest, context: Any) -> pb.ReserveSaveResponse:
         if not self.accepting_saves:
             raise Unavailable("draining: this daemon accepts no new saves (kvkeeper drain) "
                               "until it restarts; skip the save")
         now = self.clock()
         stream = request.transport == pb.TRANSPORT_STREAM
-        r = self.ledger.reserve(SessionId(request.session_id), request.keys, now, track_writes=stream)
+        r = self.ledger.reserve(SessionId(request.session_id), request.keys, now,
+                                track_writes=stream, owner=identity.of(context))
         resp = pb.ReserveSaveResponse(reservation_id=r.reservation_id or 0,
                                       expires_in_seconds=r.expires_at - now)
         for status, b in zip(r.statuses, r.blocks):
@@ -216,15 +188,16 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
                     slot.extents.add(offset=o, length=n)
         return resp
 
-    @_observed
+    @rpc
     async def WriteBlocks(self, request_iterator: Any, context: Any) -> pb.WriteBlocksResponse:
         t0 = time.perf_counter()
         res = None
         total = 0
+        owner = identity.of(context)
         async for chunk in request_iterator:
             if res is None:
                 res = self.ledger.reservation(SessionId(chunk.session_id), chunk.reservation_id,
-                                              self.clock())
+                                              self.clock(), owner)
             elif self.ledger.reservations.get(res.id) is not res:
                 raise FailedPrecondition(
                     f"reservation {res.id} closed (aborted or timed out) while data was streaming")
@@ -232,13 +205,15 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             self.arena.write(self._extents(b), chunk.data, chunk.offset)
             total += len(chunk.data)
         self.metrics.observe_transfer("save", "stream", total, time.perf_counter() - t0)
+        if res is not None:
+            self.ledger.renew(res.session, self.clock())
         return pb.WriteBlocksResponse(bytes_written=total)
 
-    @_observed
+    @rpc
     async def CommitSave(self, request: pb.CommitSaveRequest, context: Any) -> pb.CommitSaveResponse:
         now = self.clock()
-        sid = SessionId(request.session_id)
-        res = self.ledger.reservation(sid, request.reservation_id, now)
+        sid, owner = SessionId(request.session_id), identity.of(context)
+        res = self.ledger.reservation(sid, request.reservation_id, now, owner)
         shm = res.written is None
         blocks = res.blocks
         nbytes = sum(b.ns.block_bytes for b in blocks)
@@ -246,7 +221,7 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         reserved_at = res.expires_at - self.ledger.config.reservation_timeout_s
         committed = self.ledger.commit(sid, request.reservation_id, now,
                                        checksum_algo=request.checksum_algo,
-                                       checksums=request.checksums)
+                                       checksums=request.checksums, owner=owner)
         if shm:
             self.metrics.observe_transfer("save", "shm", nbytes, now - reserved_at)
         if self.disk is not None and blocks:
@@ -254,13 +229,14 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             await self.disk.committed(res.session.ns, [b.key for b in blocks])
         return pb.CommitSaveResponse(committed=committed)
 
-    @_observed
+    @rpc
     async def AbortSave(self, request: pb.AbortSaveRequest, context: Any) -> pb.AbortSaveResponse:
-        self.ledger.abort(SessionId(request.session_id), request.reservation_id, self.clock())
+        self.ledger.abort(SessionId(request.session_id), request.reservation_id, self.clock(),
+                          identity.of(context))
         return pb.AbortSaveResponse()
 
     # ------------------------------------------------------------ stats
-    @_observed
+    @rpc
     async def Stats(self, request: pb.StatsRequest, context: Any) -> pb.StatsResponse:
         L = self.ledger
         tiers = []

@@ -6,10 +6,12 @@ else is the daemon's fault: logged with its traceback, answered INTERNAL.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import grpc
 
 from .. import errors
+from ..quoting import cap
 
 log = logging.getLogger("kvkeeper.api")
 
@@ -27,11 +29,26 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
 
 
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The code and message for `exc`. Messages quote client values through
+    quoting.clip(); cap() is the last guard against an answer gRPC would refuse."""
     for cls, code in _CODES:
         if isinstance(exc, cls):
-            return code, str(exc)
+            return code, cap(str(exc))
     if isinstance(exc, errors.InvariantViolation):
         log.critical("LEDGER INVARIANT BROKEN: %s", exc, exc_info=exc)
-        return grpc.StatusCode.INTERNAL, f"internal error (ledger invariant): {exc}"
+        return grpc.StatusCode.INTERNAL, cap(f"internal error (ledger invariant): {exc}")
     log.error("unexpected error: %r", exc, exc_info=exc)
     return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}; see the daemon log"
+
+
+def set_status(context: Any, code: grpc.StatusCode, msg: str) -> None:
+    """Put a status on the call without raising.
+
+    Not context.abort(): the AbortError it raises stays referenced by the
+    call's state, which its traceback's frames reference back (RPCState ->
+    AbortError -> traceback -> handler frame -> context -> RPCState). Only the
+    cyclic GC frees that, and never once it is frozen (server/gcpolicy.py).
+    A handler returns after this; grpc.aio then sends the status and no message.
+    """
+    context.set_code(code)
+    context.set_details(msg)

@@ -1,6 +1,6 @@
-"""`kvkeeper bench`: the ledger, control-plane and data-plane benchmarks.
+"""`kvkeeper bench`: the ledger, control-plane, data-plane, disk and GC benchmarks.
 
-    kvkeeper bench {ledger,control,data,disk,ttft,stream-hit,all} [--json] [--quick] [--out FILE]
+    kvkeeper bench {ledger,control,data,disk,gc,ttft,stream-hit,all} [--json] [--quick] [--out FILE]
                    [--engine-python PATH]
 
 Every result carries its baseline, measured again in the same run side by
@@ -34,7 +34,7 @@ class BenchUnavailable(RuntimeError):
     """A benchmark cannot run in this environment (e.g. ttft without vLLM)."""
 
 
-BENCHES = ("ledger", "control", "data", "disk")   # what `all` runs
+BENCHES = ("ledger", "control", "data", "disk", "gc")  # what `all` runs
 EXTRA_BENCHES = ("ttft", "stream-hit")            # run only by name (need vLLM)
 
 
@@ -51,6 +51,8 @@ def _runner(name: str) -> Callable[..., list[Result]]:
         from .stream_hit_bench import run
     elif name == "disk":
         from .disk_bench import run
+    elif name == "gc":
+        from .gc_bench import run
     else:  # pragma: no cover - argparse checks the choice
         raise ValueError(name)
     return run

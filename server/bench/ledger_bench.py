@@ -71,11 +71,11 @@ def _key(i: int) -> bytes:
     return i.to_bytes(KEY_BYTES, "little")
 
 
-def _keys(start: int, n: int) -> list[bytes]:
+def keys_range(start: int, n: int) -> list[bytes]:
     return [i.to_bytes(KEY_BYTES, "little") for i in range(start, start + n)]
 
 
-class _Clock:
+class Clock:
     """A monotonic `now` for the ledger (it never reads a clock itself)."""
 
     def __init__(self) -> None:
@@ -86,7 +86,9 @@ class _Clock:
         return self.t
 
 
-def _build(n: int, batch: int, clock: _Clock) -> tuple[Ledger, str]:
+def build_filled(n: int, batch: int, clock: Clock) -> tuple[Ledger, str]:
+    """A ledger whose one tier holds exactly `n` blocks, full of committed unreferenced
+    blocks (keys 0..n-1), and the id of its session (which never expires)."""
     ledger = Ledger(LedgerConfig(
         tiers=[TierSpec(HOST, n * BLOCK_BYTES, BLOCK_BYTES)], policy="lru",
         key_bytes=KEY_BYTES, max_keys_per_call=max(batch, CHAIN),
@@ -96,7 +98,7 @@ def _build(n: int, batch: int, clock: _Clock) -> tuple[Ledger, str]:
         clock())
     sid = session.id
     for start in range(0, n, batch):
-        keys = _keys(start, min(batch, n - start))
+        keys = keys_range(start, min(batch, n - start))
         now = clock()
         res = ledger.reserve(sid, keys, now)
         ledger.commit(sid, res.reservation_id, now)
@@ -113,7 +115,7 @@ def _dict_walk(d: dict, keys: list[bytes]) -> int:
     return n
 
 
-def _measure_match(ledger: Ledger, sid: str, n: int, chains: int, clock: _Clock,
+def _measure_match(ledger: Ledger, sid: str, n: int, chains: int, clock: Clock,
                    rng: random.Random) -> tuple[float, float]:
     """(ledger ns per block, dict.get ns per block), interleaved chain by chain."""
     ns_dict = ledger.sessions[sid].ns.blocks   # type: ignore[index]
@@ -122,8 +124,8 @@ def _measure_match(ledger: Ledger, sid: str, n: int, chains: int, clock: _Clock,
     match = ledger.match
     for _ in range(chains):
         start = rng.randrange(0, n - CHAIN + 1)
-        a = _keys(start, CHAIN)
-        b = _keys(start, CHAIN)
+        a = keys_range(start, CHAIN)
+        b = keys_range(start, CHAIN)
         now = clock()
         t0 = perf()
         r = match(sid, a, lease=False, now=now)
@@ -141,7 +143,7 @@ def _measure_match(ledger: Ledger, sid: str, n: int, chains: int, clock: _Clock,
 class _Filled:
     """A ledger whose one tier is full of N unreferenced committed blocks."""
 
-    def __init__(self, ledger: Ledger, sid: str, n: int, batch: int, clock: _Clock) -> None:
+    def __init__(self, ledger: Ledger, sid: str, n: int, batch: int, clock: Clock) -> None:
         self.ledger, self.sid, self.n, self.clock = ledger, sid, n, clock
         self.k = min(batch, max(1, n // 2))
         self.next_key = n
@@ -153,8 +155,8 @@ class _Filled:
         perf = time.perf_counter
         if tier.free_pages != 0 or tier.evictable_pages != self.n:
             raise RuntimeError("bench setup: the tier is not full of unreferenced blocks")
-        a = _keys(self.next_key, k)
-        b = _keys(self.next_key + k, k)
+        a = keys_range(self.next_key, k)
+        b = keys_range(self.next_key + k, k)
         self.next_key += 2 * k
         ev0 = sum(tier.evictions.values())
         now = self.clock()
@@ -185,7 +187,7 @@ def _dict_baseline_bytes(n: int) -> float:
         base = tracemalloc.get_traced_memory()[0]
         d: dict[bytes, None] = {}
         for start in range(0, n, BATCH):
-            for k in _keys(start, min(BATCH, n - start)):
+            for k in keys_range(start, min(BATCH, n - start)):
                 d[k] = None
         gc.collect()
         used = tracemalloc.get_traced_memory()[0] - base
@@ -210,7 +212,7 @@ def run(quick: bool = False, *, scale: Optional[Scale] = None,
     small_beside_hi: list[float] = []
     gc_was_enabled = gc.isenabled()
     for n in sizes:
-        clock = _Clock()
+        clock = Clock()
         traced = n == scale.memory_blocks
         log(f"ledger: filling {n} blocks{' (traced by tracemalloc)' if traced else ''}")
         gc.collect()
@@ -220,13 +222,13 @@ def run(quick: bool = False, *, scale: Optional[Scale] = None,
             if traced:
                 tracemalloc.start()
                 base = tracemalloc.get_traced_memory()[0]
-                ledger, sid = _build(n, scale.batch, clock)
+                ledger, sid = build_filled(n, scale.batch, clock)
                 gc.collect()
                 used = tracemalloc.get_traced_memory()[0] - base
                 tracemalloc.stop()
                 mem_per_block = used / n
             else:
-                ledger, sid = _build(n, scale.batch, clock)
+                ledger, sid = build_filled(n, scale.batch, clock)
         finally:
             if gc_was_enabled:
                 gc.enable()
@@ -255,7 +257,7 @@ def run(quick: bool = False, *, scale: Optional[Scale] = None,
         gc.collect()
         ev, pl = _median(evicting), _median(plain)
         evict_by_size[n] = ev
-        label = _size_label(n)
+        label = size_label(n)
         results.append(Result(
             name=f"ledger.match_ns_per_block.{label}", value=m_ledger, unit="ns/block",
             baseline_name="dict.get loop over the same keys", baseline_value=m_dict,
@@ -270,10 +272,10 @@ def run(quick: bool = False, *, scale: Optional[Scale] = None,
             note="reserve that evicts one unreferenced block per new key, per block (median of reps)"))
     del small
     results.append(Result(
-        name=f"ledger.evict_flatness.{_size_label(hi)}_vs_{_size_label(lo)}",
+        name=f"ledger.evict_flatness.{size_label(hi)}_vs_{size_label(lo)}",
         value=evict_by_size[hi], unit="ns/block",
-        baseline_name=f"evict ns/block at {_size_label(lo)} resident, measured rep by rep "
-                      f"beside the {_size_label(hi)} one",
+        baseline_name=f"evict ns/block at {size_label(lo)} resident, measured rep by rep "
+                      f"beside the {size_label(hi)} one",
         baseline_value=_median(small_beside_hi) if small_beside_hi else evict_by_size[lo],
         better="lower", target="<= 1.5", target_of="ratio",
         params={"sizes": list(scale.sizes), "reps": scale.evict_reps},
@@ -281,7 +283,7 @@ def run(quick: bool = False, *, scale: Optional[Scale] = None,
     log(f"ledger: dict baseline for memory at {scale.memory_blocks} keys")
     dict_bytes = _dict_baseline_bytes(scale.memory_blocks)
     results.append(Result(
-        name=f"ledger.memory_bytes_per_block.{_size_label(scale.memory_blocks)}",
+        name=f"ledger.memory_bytes_per_block.{size_label(scale.memory_blocks)}",
         value=mem_per_block, unit="B/block",
         baseline_name="dict of 32-byte bytes keys -> None (key object + dict slot)",
         baseline_value=dict_bytes, better="lower", target="<= 300", target_of="value",
@@ -290,7 +292,7 @@ def run(quick: bool = False, *, scale: Optional[Scale] = None,
     return results
 
 
-def _size_label(n: int) -> str:
+def size_label(n: int) -> str:
     if n % 1_000_000 == 0:
         return f"{n // 1_000_000}M"
     if n % 1000 == 0:

@@ -64,6 +64,15 @@ class FreeList:
         node.next = self._tail
         self._tail.prev = node
 
+    def discard_empty(self) -> None:
+        """Break the sentinels' cycle of an empty list that is being dropped, so
+        that reference counting frees it: the cyclic GC may never look at it
+        again once it is frozen (see server/gcpolicy.py)."""
+        if self._size:
+            raise ValueError(f"the list still holds {self._size} nodes")
+        self._head.next = None
+        self._tail.prev = None
+
     def popleft(self) -> Any:
         """Unlink and return the front node (least recently freed), or None."""
         node = self._head.next

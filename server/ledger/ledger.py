@@ -7,16 +7,17 @@ nothing; `check_invariants()` states what must hold between calls.
 """
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass, field
 from typing import Collection, Iterable, Mapping, Optional, Sequence
 
 from ..errors import (FailedPrecondition, InvalidArgument, InvariantViolation, NotFound,
                       OutOfRange, ResourceExhausted)
-from ..ids import BlockKey, LeaseId, NamespaceId, ReservationId, SessionId, TierName
+from ..quoting import clip
+from ..ids import LOCAL, BlockKey, Identity, LeaseId, NamespaceId, ReservationId, SessionId, TierName
 from .pages import iter_pages
 from .quota import check_quota, quota_for
 from .records import Block, Lease, Namespace, NamespaceDescriptor, Reservation, Session
+from .sessions import SessionTable
 from .states import BlockState, Event, next_state
 from .tier import Tier, TierSpec
 from .units import pages_for_bytes
@@ -73,10 +74,11 @@ class Ledger:
         # New blocks land in the first tier; lower tiers come with later issues.
         self.top: Tier = self.tiers[config.tiers[0].name]
         self.namespaces: dict[NamespaceId, Namespace] = {}
-        self.sessions: dict[SessionId, Session] = {}
+        self._sessions = SessionTable()
+        # The live sessions by id (read by metrics, admin and tests; changed only here).
+        self.sessions: dict[SessionId, Session] = self._sessions.live
         self.leases: dict[LeaseId, Lease] = {}
         self.reservations: dict[ReservationId, Reservation] = {}
-        self._next_session = 1
         self._next_lease = 1
         self._next_reservation = 1
         # Monotonic counters, read by the metrics collector.
@@ -87,7 +89,7 @@ class Ledger:
 
     # ------------------------------------------------------------ sessions
     def register_session(self, instance_id: str, descriptor: NamespaceDescriptor,
-                         now: float) -> Session:
+                         now: float, *, owner: Identity = LOCAL) -> Session:
         if len(instance_id.encode()) > 256:
             raise InvalidArgument("instance_id is longer than 256 bytes")
         descriptor.validate()
@@ -100,43 +102,33 @@ class Ledger:
                     f"({self.top.capacity_pages * self.top.page_bytes} B); raise its capacity")
             ns = Namespace(descriptor, ppb)
             self.namespaces[ns.id] = ns
-        sid = SessionId(f"{self._next_session:x}-{secrets.token_hex(8)}")
-        self._next_session += 1
-        session = Session(sid, instance_id, ns, now + self.config.lease_ttl_s)
+        session = Session(self._sessions.new_id(), instance_id, ns,
+                          now + self.config.lease_ttl_s, owner)
         ns.sessions += 1
-        self.sessions[sid] = session
+        self._sessions.add(session)
         return session
 
-    def session(self, sid: SessionId, now: float) -> Session:
-        """The live session `sid`, its deadline pushed back: any call counts as a heartbeat."""
-        session = self.sessions.get(sid)
-        if session is None:
-            if self._was_issued(sid):
-                raise FailedPrecondition(
-                    f"session {sid} expired or was closed; its leases and reservations were "
-                    "released; call RegisterSession again")
-            raise NotFound(f"unknown session {sid!r}; call RegisterSession first")
+    def session(self, sid: SessionId, now: float, owner: Identity = LOCAL) -> Session:
+        """The live session `sid` of `owner`. Looking it up does not renew it:
+        only a call that succeeds does (renew), so failing calls are no heartbeat."""
+        session = self._sessions.resolve(sid, owner)
         if session.expires_at < now:
             self._drop_session(session)
             self.sessions_expired += 1
             raise FailedPrecondition(
-                f"session {sid} expired: no heartbeat for {self.config.lease_ttl_s:g}s; its leases "
-                "and reservations were released; call RegisterSession again")
-        session.expires_at = now + self.config.lease_ttl_s
+                f"session {clip(sid)} expired: no heartbeat for {self.config.lease_ttl_s:g}s; its "
+                "leases and reservations were released; call RegisterSession again")
         return session
 
-    def heartbeat(self, sid: SessionId, now: float) -> None:
-        self.session(sid, now)
+    def renew(self, session: Session, now: float) -> None:
+        """Push `session`'s deadline back: a call of it succeeded."""
+        session.expires_at = now + self.config.lease_ttl_s
 
-    def close_session(self, sid: SessionId, now: float) -> None:
-        self._drop_session(self.session(sid, now))
+    def heartbeat(self, sid: SessionId, now: float, owner: Identity = LOCAL) -> None:
+        self.renew(self.session(sid, now, owner), now)
 
-    def _was_issued(self, sid: str) -> bool:
-        head = sid.split("-", 1)[0]
-        try:
-            return 0 < int(head, 16) < self._next_session and len(sid) == len(head) + 17
-        except ValueError:
-            return False
+    def close_session(self, sid: SessionId, now: float, owner: Identity = LOCAL) -> None:
+        self._drop_session(self.session(sid, now, owner))
 
     def _drop_session(self, session: Session) -> None:
         for lid in list(session.leases):
@@ -144,7 +136,7 @@ class Ledger:
         for rid in list(session.reservations):
             self._abort(self.reservations[rid], Event.ABORT)
         session.ns.sessions -= 1
-        del self.sessions[session.id]
+        self._sessions.forget(session)
 
     # ------------------------------------------------------------ keys
     def _check_keys(self, keys: Sequence[bytes], *, unique: bool) -> list[bytes]:
@@ -169,14 +161,15 @@ class Ledger:
 
     # ------------------------------------------------------------ match / lease
     def match(self, sid: SessionId, keys: Sequence[bytes], *, lease: bool, now: float,
-              internal: bool = False, counted_elsewhere: Collection[int] = ()) -> MatchResult:
+              internal: bool = False, counted_elsewhere: Collection[int] = (),
+              owner: Identity = LOCAL) -> MatchResult:
         """Count leading committed keys; with `lease`, pin them until release().
 
         `internal` pins for the daemon's own work (flushing to a lower tier):
         no lookup, no hit, no change to the eviction order. The hits at the
         positions in `counted_elsewhere` came from a lower tier, which counts them.
         """
-        session = self.session(sid, now)
+        session = self.session(sid, now, owner)
         keys = self._check_keys(keys, unique=False)
         blocks = session.ns.blocks
         hit: list[Block] = []
@@ -215,22 +208,24 @@ class Ledger:
             session.leases.add(lease_id)
         tiers = ([self.top.name] * len(hit) if len(self.tiers) == 1
                  else [b.tier.name for b in hit])
+        self.renew(session, now)
         return MatchResult(len(hit), tiers, lease_id)
 
-    def lease(self, sid: SessionId, lease_id: int, now: float) -> Lease:
-        session = self.session(sid, now)
+    def lease(self, sid: SessionId, lease_id: int, now: float, owner: Identity = LOCAL) -> Lease:
+        """The session's lease `lease_id` (a lookup: it renews nothing). Another
+        session's lease is answered as one released: leases are reachable only
+        through their own session."""
+        session = self.session(sid, now, owner)
         lease = self.leases.get(LeaseId(lease_id))
-        if lease is None:
+        if lease is None or lease.session is not session:
             self._raise_unknown_lease(lease_id)
-        if lease.session is not session:
-            raise FailedPrecondition(f"lease {lease_id} belongs to another session")
         return lease
 
     def release(self, sid: SessionId, lease_id: int, now: float, *, discard: bool = False,
-                discard_indices: Sequence[int] = ()) -> None:
+                discard_indices: Sequence[int] = (), owner: Identity = LOCAL) -> None:
         """Drop a lease. Blocks to discard (all with `discard`, or those at
         `discard_indices`) are reclaimed at once when no other lease holds them."""
-        lease = self.lease(sid, lease_id, now)
+        lease = self.lease(sid, lease_id, now, owner)
         n = len(lease.blocks)
         bad = [i for i in discard_indices if not 0 <= i < n]
         if bad:
@@ -238,12 +233,13 @@ class Ledger:
                 f"discard index {bad[0]} is outside lease {lease_id} of {n} blocks")
         drop: Iterable[Block] = lease.blocks if discard else [lease.blocks[i] for i in discard_indices]
         self._release(lease, discard=drop, now=now)
+        self.renew(lease.session, now)
 
     def _raise_unknown_lease(self, lease_id: int) -> None:
         if 0 < lease_id < self._next_lease:
             raise FailedPrecondition(
-                f"lease {lease_id} was already released (or its session expired); "
-                "release each lease exactly once")
+                f"lease {lease_id} was already released, its session expired, or it is another "
+                "session's; release each lease exactly once, through its own session")
         raise NotFound(f"unknown lease {lease_id}; leases come from Match with lease=true")
 
     def _release(self, lease: Lease, *, discard: Iterable[Block], now: float) -> None:
@@ -259,13 +255,13 @@ class Ledger:
 
     # ------------------------------------------------------------ save
     def reserve(self, sid: SessionId, keys: Sequence[bytes], now: float, *,
-                track_writes: bool = False) -> ReserveResult:
+                track_writes: bool = False, owner: Identity = LOCAL) -> ReserveResult:
         """Take capacity for the keys not yet stored, all or nothing.
 
         With `track_writes` the bytes arrive through record_write() and commit
         refuses blocks that are not complete.
         """
-        session = self.session(sid, now)
+        session = self.session(sid, now, owner)
         keys = self._check_keys(keys, unique=True)
         ns = session.ns
         tier = self.top
@@ -287,6 +283,7 @@ class Ledger:
                 statuses.append(SlotStatus.IN_FLIGHT)
         expires_at = now + self.config.reservation_timeout_s
         if not new:
+            self.renew(session, now)
             return ReserveResult(None, statuses, [None] * len(keys), expires_at)
         needed = len(new) * ns.pages_per_block
         if self.quotas:
@@ -328,19 +325,22 @@ class Ledger:
         written = [0] * len(keys) if track_writes else None
         self.reservations[rid] = Reservation(rid, session, entries, expires_at, written)
         session.reservations.add(rid)
+        self.renew(session, now)
         return ReserveResult(rid, statuses, entries, expires_at)
 
-    def reservation(self, sid: SessionId, rid: int, now: float) -> Reservation:
-        session = self.session(sid, now)
+    def reservation(self, sid: SessionId, rid: int, now: float,
+                    owner: Identity = LOCAL) -> Reservation:
+        """The session's open reservation `rid` (a lookup: it renews nothing).
+        Another session's is answered as one no longer open."""
+        session = self.session(sid, now, owner)
         res = self.reservations.get(ReservationId(rid))
-        if res is None:
+        if res is None or res.session is not session:
             if 0 < rid < self._next_reservation:
                 raise FailedPrecondition(
-                    f"reservation {rid} is no longer open (committed, aborted, or timed out after "
-                    f"{self.config.reservation_timeout_s:g}s); reserve again")
+                    f"reservation {rid} is no longer open in this session (committed, aborted, "
+                    f"timed out after {self.config.reservation_timeout_s:g}s, or another "
+                    "session's); reserve again")
             raise NotFound(f"unknown reservation {rid}; call ReserveSave first")
-        if res.session is not session:
-            raise FailedPrecondition(f"reservation {rid} belongs to another session")
         if res.expires_at < now:
             # Timed out but not yet swept: the same outcome as after expire(now).
             self._abort(res, E.TIMEOUT)
@@ -372,9 +372,9 @@ class Ledger:
         return b
 
     def commit(self, sid: SessionId, rid: int, now: float, *, checksum_algo: int = 0,
-               checksums: Sequence[int] = ()) -> int:
+               checksums: Sequence[int] = (), owner: Identity = LOCAL) -> int:
         """Make a reservation's blocks visible to Match. Returns how many."""
-        res = self.reservation(sid, rid, now)
+        res = self.reservation(sid, rid, now, owner)
         if checksums and len(checksums) != len(res.entries):
             raise InvalidArgument(
                 f"{len(checksums)} checksums for a reservation of {len(res.entries)} keys; "
@@ -402,10 +402,13 @@ class Ledger:
             committed += 1
         del self.reservations[res.id]
         res.session.reservations.discard(res.id)
+        self.renew(res.session, now)
         return committed
 
-    def abort(self, sid: SessionId, rid: int, now: float) -> None:
-        self._abort(self.reservation(sid, rid, now), E.ABORT)
+    def abort(self, sid: SessionId, rid: int, now: float, owner: Identity = LOCAL) -> None:
+        res = self.reservation(sid, rid, now, owner)
+        self._abort(res, E.ABORT)
+        self.renew(res.session, now)
 
     def _abort(self, res: Reservation, event: Event) -> None:
         reason = "aborted" if event is E.ABORT else "reservation_timeout"

@@ -104,6 +104,7 @@ class HitsLRUPolicy(EvictionPolicy):
         self._size -= 1
         if not len(bucket):
             del self._buckets[block.hits]
+            bucket.discard_empty()
             if len(self._heap) > 2 * len(self._buckets) + 16:
                 self._heap = list(self._buckets)
                 heapq.heapify(self._heap)
@@ -123,6 +124,7 @@ class HitsLRUPolicy(EvictionPolicy):
                     self._size -= 1
                     return node
                 del self._buckets[hits]
+                bucket.discard_empty()
             heapq.heappop(self._heap)
         return None
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 from ..errors import ResourceExhausted
+from ..quoting import clip
 
 ANY_MODEL = "*"
 
@@ -33,7 +34,7 @@ def check_quota(*, namespace: str, model_id: str, quota_bytes: int, used_bytes: 
     if used_bytes + needed_bytes <= quota_bytes:
         return
     raise ResourceExhausted(
-        f"namespace {namespace} (model {model_id!r}) is over its quota of {quota_bytes} B: it "
+        f"namespace {namespace} (model {clip(model_id)}) is over its quota of {quota_bytes} B: it "
         f"holds {used_bytes} B and saving {blocks} blocks needs {needed_bytes} B more; skip the "
         "save, evict its blocks (kvkeeper evict --namespace) or raise the quota in the "
         "[quotas] table of auth.tokens_file")

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 from ..errors import InvalidArgument
-from ..ids import BlockKey, LeaseId, NamespaceId, ReservationId, SessionId
+from ..ids import LOCAL, BlockKey, Identity, LeaseId, NamespaceId, ReservationId, SessionId
 from .pages import Pages
 from .states import BlockState
 
@@ -103,6 +103,8 @@ class Session:
     instance_id: str
     ns: Namespace
     expires_at: float
+    # Who registered it: only that identity can use the session (see sessions.py).
+    owner: Identity = LOCAL
     leases: set[LeaseId] = field(default_factory=set)
     reservations: set[ReservationId] = field(default_factory=set)
 

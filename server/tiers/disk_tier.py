@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, Sequence
 
 from ..errors import ResourceExhausted, Unavailable
-from ..ids import DISK, SessionId, TierName
+from ..ids import DISK, INTERNAL, LOCAL, Identity, SessionId, TierName
 from ..ledger import Block, BlockState, Ledger, MatchResult, Namespace
 from ..ledger.disk_index import DiskEntry, DiskIndex
 from .disk import CorruptBlock, DiskFull, DiskIOError, DiskStore, NotStored, RecoveryReport
@@ -92,7 +92,8 @@ class DiskTier:
         """The daemon's own session in `ns`, for internal leases and promotions."""
         sid = self._internal.get(ns.id)
         if sid is None or sid not in self.ledger.sessions:
-            sid = self.ledger.register_session(INTERNAL_INSTANCE, ns.descriptor, self.clock()).id
+            sid = self.ledger.register_session(INTERNAL_INSTANCE, ns.descriptor, self.clock(),
+                                               owner=INTERNAL).id
             self._internal[ns.id] = sid
         return sid
 
@@ -101,7 +102,7 @@ class DiskTier:
         now = self.clock()
         for sid in list(self._internal.values()):
             if sid in self.ledger.sessions:
-                self.ledger.heartbeat(sid, now)
+                self.ledger.heartbeat(sid, now, INTERNAL)
 
     async def maintain(self) -> None:
         """Periodic: renew (or try to take) the GC lease; the owner sweeps expired pins."""
@@ -126,8 +127,9 @@ class DiskTier:
         return sid in self._internal.values()
 
     # ------------------------------------------------------------ match with promotion
-    async def match(self, sid: SessionId, keys: Sequence[bytes], *, lease: bool) -> MatchResult:
-        session = self.ledger.session(sid, self.clock())
+    async def match(self, sid: SessionId, keys: Sequence[bytes], *, lease: bool,
+                    owner: Identity = LOCAL) -> MatchResult:
+        session = self.ledger.session(sid, self.clock(), owner)
         keys = self.ledger._check_keys(keys, unique=False)
         ns = session.ns
         on_disk: list[int] = []
@@ -159,12 +161,13 @@ class DiskTier:
         lower = set(on_disk)
         if not lease:
             host_keys = [k for i, k in enumerate(keys[:n]) if i not in lower]
-            self.ledger.match(sid, host_keys, lease=False, now=self.clock())
+            self.ledger.match(sid, host_keys, lease=False, now=self.clock(), owner=owner)
             # The request looked up every key, not only those the arena holds.
             self.ledger.lookup_keys += len(keys) - len(host_keys)
             top = self.ledger.top.name
             return MatchResult(n, [DISK if i in lower else top for i in range(n)], None)
-        r = self.ledger.match(sid, keys[:n], lease=True, now=self.clock(), counted_elsewhere=lower)
+        r = self.ledger.match(sid, keys[:n], lease=True, now=self.clock(), counted_elsewhere=lower,
+                              owner=owner)
         self.ledger.lookup_keys += len(keys) - n
         tiers: list[TierName] = [DISK if i in lower else t for i, t in enumerate(r.tiers)]
         self._admit(ns, keys[:r.matched])
@@ -211,7 +214,7 @@ class DiskTier:
             return False
         sid = self._session(ns)
         try:
-            r = self.ledger.reserve(sid, [key], self.clock())
+            r = self.ledger.reserve(sid, [key], self.clock(), owner=INTERNAL)
         except ResourceExhausted:
             return False  # the arena is pinned full: serve what the host has
         b = r.blocks[0]
@@ -224,11 +227,11 @@ class DiskTier:
             log.warning("disk block unreadable, treated as a miss: %s", e)
             self.index.unpin(entry)
             self.index.drop(entry, "corrupt" if isinstance(e, CorruptBlock) else "lost")
-            self.ledger.abort(sid, r.reservation_id, self.clock())
+            self.ledger.abort(sid, r.reservation_id, self.clock(), INTERNAL)
             return False
         self.index.unpin(entry)
         self.index.touch(entry)
-        self.ledger.commit(sid, r.reservation_id, self.clock())
+        self.ledger.commit(sid, r.reservation_id, self.clock(), owner=INTERNAL)
         return True
 
     def _read_into_pages(self, ns: Namespace, key: bytes, b: Block) -> None:
@@ -269,7 +272,8 @@ class DiskTier:
     def _spawn_flush(self, ns: Namespace, keys: Sequence[bytes]) -> None:
         # Pin now, synchronously, so eviction cannot take the blocks before the task runs.
         sid = self._session(ns)
-        r = self.ledger.match(sid, keys, lease=True, now=self.clock(), internal=True)
+        r = self.ledger.match(sid, keys, lease=True, now=self.clock(), internal=True,
+                              owner=INTERNAL)
         if not r.lease_id:
             return
         task = asyncio.get_running_loop().create_task(
@@ -279,7 +283,8 @@ class DiskTier:
 
     async def flush(self, ns: Namespace, keys: Sequence[bytes], *, strict: bool) -> None:
         sid = self._session(ns)
-        r = self.ledger.match(sid, keys, lease=True, now=self.clock(), internal=True)
+        r = self.ledger.match(sid, keys, lease=True, now=self.clock(), internal=True,
+                              owner=INTERNAL)
         if r.lease_id:
             await self._flush_leased(ns, sid, r.lease_id, strict=strict)
 
@@ -288,12 +293,12 @@ class DiskTier:
         """Write the leased blocks to disk, then drop the internal lease.
         strict: raise on the first failure (write-through acknowledges durability)."""
         try:
-            lease = self.ledger.lease(sid, lease_id, self.clock())
+            lease = self.ledger.lease(sid, lease_id, self.clock(), INTERNAL)
             for b in list(lease.blocks):
                 await self._flush_block(ns, b, strict)
         finally:
             if self.ledger.leases.get(lease_id) is not None:
-                self.ledger.release(sid, lease_id, self.clock())
+                self.ledger.release(sid, lease_id, self.clock(), owner=INTERNAL)
 
     async def _flush_block(self, ns: Namespace, b: Block, strict: bool) -> None:
         try:

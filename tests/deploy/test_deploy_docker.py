@@ -28,6 +28,7 @@ from deploy_support import (
     stop,
     wait_until,
 )
+from kvkeeper.server.auth import check_exposure
 from kvkeeper.server.config import load_config, parse_size
 
 yaml = pytest.importorskip("yaml")
@@ -168,6 +169,7 @@ def test_image_config_agrees_with_expose_volume_and_compose() -> None:
     assert volume == [os.path.dirname(cfg.listen.socket)]
     assert cfg.host_tier.shm_dir == "/dev/shm"
     assert cfg.server.grace_seconds < 30
+    check_exposure(cfg, None)  # the image starts: its 0.0.0.0 listener is allowed explicitly
 
 
 def test_builder_copy_set_builds_the_wheel(tmp_path: Path) -> None:

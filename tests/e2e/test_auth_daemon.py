@@ -284,3 +284,25 @@ def test_an_unknown_socket_group_refuses_to_start(daemon_config: Any) -> None:
     with pytest.raises(ConfigError, match="no such group"):
         create_server(config)
     assert not os.path.exists(os.path.join(config.host_tier.shm_dir, config.host_tier.name))
+
+
+async def test_a_session_id_is_useless_to_another_token(secured: Any) -> None:
+    """Tenant B holding tenant A's session id (say from a leaked log) gets the
+    unknown-session answer, and A's session is untouched."""
+    a = await connect(tcp(secured), "model-a", token=TOKEN_A)
+    sid = a.session_id
+    async with grpc.aio.insecure_channel(tcp(secured)) as ch:
+        from kvkeeper.v1 import kvkeeper_pb2 as pb
+        from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
+        stub = pb_grpc.KVKeeperStub(ch)
+        md = (("authorization", f"Bearer {TOKEN_B}"),)
+        answers = []
+        for probe in (sid, "ff-0123456789abcdef"):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.CloseSession(pb.CloseSessionRequest(session_id=probe), metadata=md)
+            answers.append((info.value.code(), info.value.details().replace(repr(probe), "<id>")))
+        assert answers[0] == answers[1] and answers[0][0] == grpc.StatusCode.NOT_FOUND
+    assert sid in secured.ledger.sessions
+    assert (await a.match(keys(1))).matched == 0        # A's session still works, unchanged id
+    assert a.session_id == sid
+    await a.close()

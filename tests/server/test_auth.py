@@ -6,7 +6,7 @@ import logging
 import pytest
 
 from kvkeeper.server import errors
-from kvkeeper.server.auth import (SOCKET_CALLER, TRUSTED_TCP, AuthPolicy, bearer_token,
+from kvkeeper.server.auth import (SOCKET_CALLER, AuthPolicy, bearer_token,
                                   check_exposure, is_loopback, server_credentials)
 from kvkeeper.server.config import ConfigError, load_config
 from kvkeeper.server.tokens import TokenTable, parse_tokens
@@ -42,6 +42,15 @@ def test_non_loopback_tcp_without_credentials_is_a_config_error() -> None:
     assert "auth.tokens_file" in msg and "tls.client_ca_file" in msg and "127.0.0.1" in msg
     with pytest.raises(ConfigError, match="defines no token"):
         check_exposure(config(**{"listen.tcp": "0.0.0.0:0"}), TokenTable())
+
+
+def test_require_token_on_socket_needs_tokens() -> None:
+    on = {"auth.require_token_on_socket": True}
+    for table in (None, TokenTable()):
+        with pytest.raises(ConfigError) as info:
+            check_exposure(config(**on), table)
+        assert info.value.key == "auth.require_token_on_socket"
+    check_exposure(config(**on), TABLE)
 
 
 def test_non_loopback_tcp_with_tokens_mtls_or_an_explicit_opt_out(caplog) -> None:
@@ -82,26 +91,34 @@ def test_malformed_authorization_is_unauthenticated(value) -> None:
 def test_identify_with_a_token_on_any_listener() -> None:
     policy = AuthPolicy(TABLE, mutual_tls=False)
     for peer in ("unix:/run/kvk.sock", "ipv4:10.0.0.1:5000"):
-        caller = policy.identify(peer, False, TOKEN)
-        assert (caller.name, caller.admin) == ("a", False)
+        caller = policy.identify(peer, None, TOKEN)
+        assert (caller.name, caller.admin, caller.identity) == ("a", False, "token:a")
         assert caller.allows_model("m-a") and not caller.allows_model("m-b")
         with pytest.raises(errors.Unauthenticated, match="not valid"):
-            policy.identify(peer, False, TOKEN + "x")
+            policy.identify(peer, None, TOKEN + "x")
 
 
 def test_identify_without_a_token() -> None:
     policy = AuthPolicy(TABLE, mutual_tls=False)
-    assert policy.identify("unix:/run/kvk.sock", False, None) is SOCKET_CALLER
+    assert policy.identify("unix:/run/kvk.sock", None, None) is SOCKET_CALLER
     with pytest.raises(errors.Unauthenticated, match="needs a bearer token"):
-        policy.identify("ipv4:127.0.0.1:5000", False, None)
+        policy.identify("ipv4:127.0.0.1:5000", None, None)
     with pytest.raises(errors.Unauthenticated):   # tokens defined: a certificate is not enough
-        policy.identify("ipv4:127.0.0.1:5000", True, None)
+        policy.identify("ipv4:127.0.0.1:5000", "CN=c1", None)
     no_tokens = AuthPolicy(TokenTable(), mutual_tls=True)
-    assert no_tokens.identify("ipv6:[::1]:5000", True, None) is TRUSTED_TCP
+    assert no_tokens.identify("ipv6:[::1]:5000", "CN=c1", None).identity == "mtls:CN=c1"
+    assert no_tokens.identify("ipv6:[::1]:5000", "CN=c2", None).identity == "mtls:CN=c2"
     with pytest.raises(errors.Unauthenticated):
-        no_tokens.identify("ipv6:[::1]:5000", False, None)
+        no_tokens.identify("ipv6:[::1]:5000", None, None)
     assert AuthPolicy(TokenTable(), mutual_tls=False).identify(
-        "ipv4:127.0.0.1:1", False, None) is TRUSTED_TCP
+        "ipv4:127.0.0.1:1", None, None).identity == "tcp"
+
+
+def test_require_token_on_socket() -> None:
+    policy = AuthPolicy(TABLE, mutual_tls=False, require_token_on_socket=True)
+    with pytest.raises(errors.Unauthenticated, match="needs a bearer token"):
+        policy.identify("unix:/run/kvk.sock", None, None)
+    assert policy.identify("unix:/run/kvk.sock", None, TOKEN).identity == "token:a"
 
 
 class Context:

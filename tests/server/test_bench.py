@@ -10,7 +10,7 @@ import os
 import pytest
 
 from kvkeeper.server import bench
-from kvkeeper.server.bench import control_bench, data_bench, ledger_bench
+from kvkeeper.server.bench import control_bench, data_bench, gc_bench, ledger_bench
 from kvkeeper.server.bench.result import Result, parse_target, percentile, render_table
 from kvkeeper.server.cli import main as cli_main
 
@@ -101,6 +101,41 @@ def test_disk_quick(capsys: pytest.CaptureFixture[str]) -> None:
     assert by["disk.restart_seconds.10k"]["params"]["blocks"] == 10_000
 
 
+def test_gc_tiny_runs_both_configurations_on_one_schedule() -> None:
+    """`bench gc` at a tiny size (the CLI's --quick is 100k blocks): shape, both
+    configurations measured, the policy's collections only in its ticks, and
+    the GC state of the process left as it was found."""
+    import gc
+    thresholds, frozen, callbacks = gc.get_threshold(), gc.get_freeze_count(), len(gc.callbacks)
+    # A tick before every request (the real interval is 1 s of the request schedule).
+    scale = gc_bench.Scale(blocks=4 * (gc_bench.CHAIN + gc_bench.SAVE), requests=40, rounds=2,
+                           calibrate=5, interval_s=1e-9)
+    results = gc_bench.run(scale=scale)
+    assert gc.get_threshold() == thresholds and gc.get_freeze_count() == frozen
+    assert gc.isenabled() and len(gc.callbacks) == callbacks
+    items = [r.as_dict() for r in results]
+    label = "5120"
+    latency = {f"gc.match_{q}_us.{label}" for q in ("p50", "p99", "max")}
+    check_shape([r for r in items if r["name"] in latency], "gc", latency)
+    by = {r["name"]: r for r in items}
+    assert set(by) == latency | {f"gc.longest_pause_ms.{label}"}
+    assert by[f"gc.match_p50_us.{label}"]["value"] <= by[f"gc.match_p99_us.{label}"]["value"] \
+        <= by[f"gc.match_max_us.{label}"]["value"]
+    p = by[f"gc.match_p99_us.{label}"]["params"]
+    assert p["resident_blocks"] == 5120 and p["requests_per_config"] == 80 and len(p["gap_ms"]) == 2
+    assert p["policy"]["full_collections_in_requests"] == 0
+    # Each policy phase starts settled at t=0, so its first request has no tick before it.
+    assert p["policy"]["ticks"] == 2 * 39 and p["default"]["ticks"] == 0
+    pause = by[f"gc.longest_pause_ms.{label}"]
+    assert pause["value"] > 0 and pause["unit"] == "ms"
+
+
+def test_gc_is_in_all() -> None:
+    assert "gc" in bench.BENCHES
+    with pytest.raises(ValueError, match="at least"):
+        gc_bench.run(scale=gc_bench.Scale(blocks=100, requests=1, rounds=1))
+
+
 def test_usage_errors() -> None:
     assert bench.main(["nope"]) == 2
     assert bench.main([]) == 2
@@ -136,6 +171,8 @@ def test_scales_are_consistent() -> None:
         assert ls.memory_blocks in ls.sizes
         cs = control_bench.Scale.for_mode(quick)
         assert set(cs.calls) == set(cs.concurrency)
+        gs = gc_bench.Scale.for_mode(quick)
+        assert gs.blocks >= 4 * (gc_bench.CHAIN + gc_bench.SAVE) and gs.rounds >= 1
         ds = data_bench.Scale.for_mode(quick)
         assert all(ds.move_bytes % b == 0 and b % data_bench.PAGE_BYTES == 0
                    for b in ds.block_sizes)

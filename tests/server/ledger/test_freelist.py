@@ -192,3 +192,27 @@ def test_matches_a_python_list_model(ops):
         assert list(fl) == model
         assert fl.peekleft() is (model[0] if model else None)
         check_links(fl)
+
+
+def test_discard_empty_leaves_nothing_for_the_cyclic_gc() -> None:
+    import gc
+    fl = FreeList()
+    a = Node("a")
+    fl.append(a)
+    with pytest.raises(ValueError, match="still holds 1"):
+        fl.discard_empty()
+    assert names(fl) == ["a"]                 # refused: unchanged
+    fl.popleft()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        gc.collect()
+        fl.discard_empty()
+        del fl
+        assert gc.collect() == 0              # the two sentinels went by reference count
+        other = FreeList()
+        del other
+        assert gc.collect() == 2              # without it, an empty list is a cycle
+    finally:
+        if was:
+            gc.enable()

@@ -1,9 +1,8 @@
 """Each bad input raises its own typed error with a message that says what to do,
 and leaves the ledger exactly as it was (full snapshot compare).
 
-Calls that fail after the session lookup still count as a heartbeat, so every
-failing call here uses the time of the last successful call (T): the deadline
-it writes is the one already there.
+A failing call renews nothing (test_sessions.py shows it at other times); the
+calls here use the time of the last successful call (T) all the same.
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 
 from kvkeeper.server.errors import (FailedPrecondition, InvalidArgument, NotFound,
                                     ResourceExhausted)
-from kvkeeper.server.ids import HOST
+from kvkeeper.server.ids import HOST, Identity
 from kvkeeper.server.ledger import (BlockState, Ledger, LedgerConfig, NamespaceDescriptor,
                                     SlotStatus, TierSpec)
 
@@ -35,6 +35,8 @@ DESCS = [NamespaceDescriptor("ns-a", block_tokens=4, block_bytes=100),
 PPB = [1, 2]
 KEYS = [bytes([i]) * 32 for i in range(5)]
 UNKNOWN_SID = "0-unknown"
+# Two callers: a session answers only the identity that registered it.
+OWNERS = [Identity("token:a"), Identity("token:b")]
 # Key chains as a client sends them: a run of consecutive keys, mostly from the start.
 def chains(min_size: int) -> st.SearchStrategy[list[bytes]]:
     return st.builds(lambda start, n: KEYS[start:start + n],
@@ -50,8 +52,10 @@ class LedgerMachine(RuleBasedStateMachine):
                                        policy=self.policy, lease_ttl_s=TTL,
                                        reservation_timeout_s=RES_TIMEOUT))
         self.now = 0.0
-        self.sess: dict[str, list] = {}          # live sid -> [ns index, deadline]
+        self.sess: dict[str, list] = {}          # live sid -> [ns index, deadline, owner]
         self.dead: dict[str, int] = {}           # dropped sid -> ns index
+        self.dead_owner: dict[str, Identity] = {}
+        self.who = OWNERS[0]                     # the identity the next call is made as
         self.leases: dict[int, tuple[str, int, tuple[bytes, ...]]] = {}
         self.old_leases: dict[int, str] = {}     # released lease -> owner
         self.res: dict[int, tuple[str, int, tuple[bytes, ...], float]] = {}
@@ -69,8 +73,9 @@ class LedgerMachine(RuleBasedStateMachine):
         return c
 
     def drop_session(self, sid: str) -> None:
-        n = self.sess.pop(sid)[0]
+        n, _, owner = self.sess.pop(sid)
         self.dead[sid] = n
+        self.dead_owner[sid] = owner
         for lid in [l for l, v in self.leases.items() if v[0] == sid]:
             del self.leases[lid]
             self.old_leases[lid] = sid
@@ -83,25 +88,47 @@ class LedgerMachine(RuleBasedStateMachine):
         self.old_res[rid] = sid
 
     def gate(self, sid: str):
-        """What the session lookup does: None when the call goes ahead, else the error."""
+        """What the session lookup does, for a call made as self.who: None when
+        the call goes ahead, else the error. Another identity's session, live or
+        ended, reads as never issued."""
         if sid in self.dead:
-            return FailedPrecondition
-        if sid not in self.sess:
+            return FailedPrecondition if self.dead_owner[sid] == self.who else NotFound
+        if sid not in self.sess or self.sess[sid][2] != self.who:
+            if sid in self.sess:
+                event("another identity's live session: NotFound")
             return NotFound
         if self.sess[sid][1] < self.now:
             event("session lapsed, dropped by its next call")
             self.drop_session(sid)               # lazily expired by this very call
             return FailedPrecondition
-        self.sess[sid][1] = self.now + TTL
         return None
 
+    def renew(self, sid: str) -> None:
+        """A call that succeeded: only those push the session's deadline back."""
+        self.sess[sid][1] = self.now + TTL
+
+    def owner_of(self, sid: str) -> Identity:
+        if sid in self.sess:
+            return self.sess[sid][2]
+        return self.dead_owner.get(sid, OWNERS[0])
+
+    def as_owner(self, sid: str) -> str:
+        self.who = self.owner_of(sid)
+        return sid
+
     def any_sid(self, data) -> str:
-        """Mostly a live session; sometimes a dropped or never-issued one."""
+        """Mostly a live session; sometimes a dropped or never-issued one; made
+        now and then as the wrong identity."""
         live = sorted(self.sess)
         others = sorted(self.dead) + [UNKNOWN_SID]
         if live and data.draw(st.integers(0, 4), label="live?"):
-            return data.draw(st.sampled_from(live), label="sid")
-        return data.draw(st.sampled_from(others), label="sid")
+            sid = data.draw(st.sampled_from(live), label="sid")
+        else:
+            sid = data.draw(st.sampled_from(others), label="sid")
+        self.who = self.owner_of(sid)
+        if not data.draw(st.integers(0, 5), label="as its owner?"):
+            self.who = OWNERS[1] if self.who == OWNERS[0] else OWNERS[0]
+        return sid
 
     def present(self) -> list[set[bytes]]:
         out = []
@@ -116,15 +143,16 @@ class LedgerMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------ rules
     @initialize()
     def two_sessions(self):
-        self.register(0)
-        self.register(1)
+        self.register(0, 0)
+        self.register(1, 1)
 
     @precondition(lambda self: len(self.sess) < 3)
-    @rule(n=st.integers(0, 1))
-    def register(self, n):
-        s = self.led.register_session(f"inst-{len(self.sess) + len(self.dead)}", DESCS[n], self.now)
+    @rule(n=st.integers(0, 1), who=st.integers(0, 1))
+    def register(self, n, who):
+        s = self.led.register_session(f"inst-{len(self.sess) + len(self.dead)}", DESCS[n], self.now,
+                                      owner=OWNERS[who])
         assert s.id not in self.sess and s.id not in self.dead
-        self.sess[s.id] = [n, self.now + TTL]
+        self.sess[s.id] = [n, self.now + TTL, OWNERS[who]]
         self.ns_ids[n] = bytes(s.ns.id)
 
     @rule(dt=st.sampled_from([0.0, 0.5, 0.5, 2.0, 3.0, 5.0, 10.0, 11.0]), sweep=st.booleans())
@@ -134,7 +162,7 @@ class LedgerMachine(RuleBasedStateMachine):
             self.expire()
 
     def expire(self):
-        want_sessions = {sid for sid, (_, dl) in self.sess.items() if dl < self.now}
+        want_sessions = {sid for sid, (_, dl, _) in self.sess.items() if dl < self.now}
         for sid in want_sessions:
             self.drop_session(sid)
         want_res = {rid for rid, v in self.res.items() if v[3] < self.now}
@@ -152,20 +180,21 @@ class LedgerMachine(RuleBasedStateMachine):
         err = self.gate(sid)
         if err:
             with pytest.raises(err):
-                self.led.heartbeat(sid, self.now)
+                self.led.heartbeat(sid, self.now, self.who)
         else:
-            self.led.heartbeat(sid, self.now)
+            self.led.heartbeat(sid, self.now, self.who)
+            self.renew(sid)
 
     @precondition(lambda self: len(self.sess) > 2)
     @rule(data=st.data())
     def close(self, data):
-        sid = data.draw(st.sampled_from(sorted(self.sess)), label="sid")
+        sid = self.as_owner(data.draw(st.sampled_from(sorted(self.sess)), label="sid"))
         err = self.gate(sid)
         if err:
             with pytest.raises(err):
-                self.led.close_session(sid, self.now)
+                self.led.close_session(sid, self.now, self.who)
             return
-        self.led.close_session(sid, self.now)
+        self.led.close_session(sid, self.now, self.who)
         self.drop_session(sid)
 
     @rule(data=st.data(), lease=st.booleans())
@@ -184,7 +213,7 @@ class LedgerMachine(RuleBasedStateMachine):
         err = self.gate(sid)
         if err:
             with pytest.raises(err):
-                self.led.match(sid, keys, lease=lease, now=self.now)
+                self.led.match(sid, keys, lease=lease, now=self.now, owner=self.who)
             return
         n = self.sess[sid][0]
         expected = 0
@@ -192,7 +221,8 @@ class LedgerMachine(RuleBasedStateMachine):
             if k not in self.committed[n]:
                 break
             expected += 1
-        r = self.led.match(sid, keys, lease=lease, now=self.now)
+        r = self.led.match(sid, keys, lease=lease, now=self.now, owner=self.who)
+        self.renew(sid)
         assert r.matched == expected
         if expected and lease:
             event("match: leased a prefix")
@@ -213,7 +243,7 @@ class LedgerMachine(RuleBasedStateMachine):
         else:
             lid = data.draw(st.sampled_from(sorted(self.old_leases)), label="lid")
         owner = self.leases[lid][0] if lid in self.leases else self.old_leases[lid]
-        sid = self.any_sid(data) if foreign else owner
+        sid = self.any_sid(data) if foreign else self.as_owner(owner)
         # Positions to discard; -1 and 5 are outside every lease (at most 5 keys).
         indices = data.draw(st.lists(st.integers(-1, 5), max_size=3), label="indices") \
             if discard == "some" else []
@@ -223,12 +253,13 @@ class LedgerMachine(RuleBasedStateMachine):
         if err is None and any(not 0 <= i < len(self.leases[lid][2]) for i in indices):
             err = InvalidArgument                # the lease stays held
         call = lambda: self.led.release(sid, lid, self.now, discard=discard == "all",  # noqa: E731
-                                        discard_indices=indices)
+                                        discard_indices=indices, owner=self.who)
         if err:
             with pytest.raises(err):
                 call()
             return
         call()
+        self.renew(sid)
         _, n, keys = self.leases.pop(lid)
         self.old_leases[lid] = sid
         dropped = keys if discard == "all" else [keys[i] for i in indices]
@@ -252,15 +283,15 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(data=st.data(), n=st.integers(1, 4))
     def save_then_load(self, data, n):
         """The connector's round trip: save a chain from its first key, then lease it."""
-        sid = data.draw(st.sampled_from(sorted(self.sess)), label="sid")
+        sid = self.as_owner(data.draw(st.sampled_from(sorted(self.sess)), label="sid"))
         self.do_reserve(sid, KEYS[:n], then_commit=True)
-        self.do_match(sid, KEYS[:n], lease=True)
+        self.do_match(self.as_owner(sid), KEYS[:n], lease=True)
 
     def do_reserve(self, sid, keys, then_commit):
         err = self.gate(sid)
         if err:
             with pytest.raises(err):
-                self.led.reserve(sid, keys, self.now)
+                self.led.reserve(sid, keys, self.now, owner=self.who)
             return
         n = self.sess[sid][0]
         leased = self.leased()
@@ -284,13 +315,14 @@ class LedgerMachine(RuleBasedStateMachine):
             event("reserve: resource exhausted")
             before = (self.present(), tier.free_pages, tier.evictable_pages, dict(tier.evictions))
             with pytest.raises(ResourceExhausted):
-                self.led.reserve(sid, keys, self.now)
+                self.led.reserve(sid, keys, self.now, owner=self.who)
             after = (self.present(), tier.free_pages, tier.evictable_pages, dict(tier.evictions))
             assert after == before               # nothing reserved, nothing evicted
             return
         order = [(self.ns_index(bytes(b.ns.id)), bytes(b.key)) for b in tier.policy]
         free_before = tier.free_pages
-        r = self.led.reserve(sid, keys, self.now)
+        r = self.led.reserve(sid, keys, self.now, owner=self.who)
+        self.renew(sid)
         assert r.statuses == statuses
         if not new:
             assert r.reservation_id is None and r.blocks == [None] * len(keys)
@@ -325,7 +357,7 @@ class LedgerMachine(RuleBasedStateMachine):
         else:
             rid = data.draw(st.sampled_from(sorted(self.old_res)), label="rid")
         owner = self.res[rid][0] if rid in self.res else self.old_res[rid]
-        return rid, self.any_sid(data) if foreign else owner
+        return rid, self.any_sid(data) if foreign else self.as_owner(owner)
 
     def close_reservation(self, rid: int, sid: str, commit: bool, checksums: bool = False):
         err = self.gate(sid)
@@ -340,15 +372,16 @@ class LedgerMachine(RuleBasedStateMachine):
         sums = list(range(len(r.entries))) if checksums and r is not None else ()
         if commit:
             call = lambda: self.led.commit(sid, rid, self.now, checksum_algo=1,  # noqa: E731
-                                           checksums=sums)
+                                           checksums=sums, owner=self.who)
         else:
-            call = lambda: self.led.abort(sid, rid, self.now)  # noqa: E731
+            call = lambda: self.led.abort(sid, rid, self.now, self.who)  # noqa: E731
         if err:
             with pytest.raises(err):
                 call()
             return
         _, n, keys, _ = self.res[rid]
         got = call()
+        self.renew(sid)
         self.res.pop(rid)
         self.old_res[rid] = sid
         self.pending[n] -= set(keys)
@@ -368,7 +401,7 @@ class LedgerMachine(RuleBasedStateMachine):
         """A writer that finishes half a second after its reservation's deadline."""
         rid = data.draw(st.sampled_from(sorted(self.res)), label="rid")
         self.now = max(self.now, self.res[rid][3] + 0.5)
-        self.close_reservation(rid, self.res[rid][0], commit)
+        self.close_reservation(rid, self.as_owner(self.res[rid][0]), commit)
 
     @precondition(lambda self: self.res or self.old_res)
     @rule(data=st.data(), foreign=st.booleans())
@@ -415,7 +448,8 @@ class LedgerMachine(RuleBasedStateMachine):
         assert set(led.sessions) == set(self.sess)
         assert set(led.leases) == set(self.leases)
         assert set(led.reservations) == set(self.res)
-        for sid, (n, deadline) in self.sess.items():
+        for sid, (n, deadline, owner) in self.sess.items():
+            assert led.sessions[sid].owner == owner
             assert led.sessions[sid].expires_at == deadline
 
 

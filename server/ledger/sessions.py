@@ -1,0 +1,90 @@
+"""The session table: session ids, who owns each, and how an id is answered.
+
+A session id is a capability only together with the identity that registered
+it. A live session asked for by another identity, a closed or expired one, and
+an id nobody issued all get one answer, NotFound with one message shape, so
+neither the code nor the text tells a caller which ids exist. Only the owner
+presenting the exact id of a session it recently ended is told that it ended
+(FailedPrecondition), since it already holds that id.
+
+Log lines name a session by tag(): the issue counter, which is not secret and
+useless without the random part of the id.
+"""
+from __future__ import annotations
+
+import secrets
+from collections import OrderedDict
+from typing import Iterator, Optional
+
+from ..errors import FailedPrecondition, NotFound
+from ..ids import Identity, SessionId
+from ..quoting import clip
+from .records import Session
+
+# How many ended sessions the owner can still be told about; older ones read as unknown.
+ENDED_MEMORY = 65536
+
+
+class ForeignSession(NotFound):
+    """A live session asked for by another identity. Its caller sees a plain
+    NotFound (same text as an unknown id); the class lets the adapter log it."""
+
+
+def tag(sid: str) -> str:
+    """The non-secret part of a session id, for logs: 's1a' for '1a-<random>'."""
+    head = sid.split("-", 1)[0]
+    return "s" + (head if len(head) <= 12 and head.isalnum() else "?")
+
+
+def _unknown(sid: str) -> str:
+    return (f"unknown session {clip(sid)}: it expired, was closed or was never issued to this "
+            "caller; call RegisterSession first")
+
+
+class SessionTable:
+    """Live sessions by id, plus a bounded memory of ended ones and their owners."""
+
+    def __init__(self) -> None:
+        self.live: dict[SessionId, Session] = {}
+        self._ended: OrderedDict[SessionId, Identity] = OrderedDict()
+        self._next = 1
+
+    def __len__(self) -> int:
+        return len(self.live)
+
+    def __iter__(self) -> Iterator[Session]:
+        return iter(list(self.live.values()))
+
+    @property
+    def issued(self) -> int:
+        return self._next - 1
+
+    def new_id(self) -> SessionId:
+        sid = SessionId(f"{self._next:x}-{secrets.token_hex(8)}")
+        self._next += 1
+        return sid
+
+    def add(self, session: Session) -> None:
+        self.live[session.id] = session
+
+    def resolve(self, sid: SessionId, owner: Identity) -> Session:
+        """The live session `sid` if `owner` registered it; NotFound otherwise."""
+        session = self.live.get(sid)
+        if session is not None and session.owner == owner:
+            return session
+        if session is None and self._ended.get(sid) == owner:
+            raise FailedPrecondition(
+                f"session {clip(sid)} expired or was closed; its leases and reservations were "
+                "released; call RegisterSession again")
+        if session is not None:
+            raise ForeignSession(_unknown(sid))
+        raise NotFound(_unknown(sid))
+
+    def forget(self, session: Session) -> None:
+        del self.live[session.id]
+        self._ended[session.id] = session.owner
+        while len(self._ended) > ENDED_MEMORY:
+            self._ended.popitem(last=False)
+
+    def get(self, sid: SessionId) -> Optional[Session]:
+        return self.live.get(sid)
