@@ -445,7 +445,7 @@ class AsyncClient:
     # ---- API
 
     async def match(self, keys: Sequence[bytes], lease: bool = False,
-                    blocks: bool = False) -> MatchResult:
+                    blocks: bool = False, report_use: bool = False) -> MatchResult:
         """How many leading `keys` (chained, prefix order) the daemon holds.
 
         With lease=True the matched blocks stay pinned until `release`; a
@@ -457,6 +457,10 @@ class AsyncClient:
         same round trip, for `arena_views`. A client that streams (no arena
         mapped) does not ask for them, since it could not use them: `blocks`
         stays empty, arena_views returns None and `load_into` streams.
+
+        report_use=True: the daemon counts no hit for this lookup; say what
+        it was used for with `release(..., report=...)` (lease_id 0 when
+        nothing was leased).
         """
         if blocks and not lease:
             raise ValueError("blocks=True needs lease=True: block extents are only "
@@ -474,7 +478,8 @@ class AsyncClient:
             part = keys[start:start + limit]
             resp = await self._unary(
                 "Match",
-                lambda s: pb.MatchRequest(session_id=s, keys=part, lease=lease, blocks=ask),
+                lambda s: pb.MatchRequest(session_id=s, keys=part, lease=lease, blocks=ask,
+                                          report_use=report_use),
                 retry=not lease, rebind=True)
             matched += resp.matched
             tiers.extend(resp.tiers)
@@ -732,15 +737,26 @@ class AsyncClient:
             log.debug("kvkeeper: AbortSave of reservation %d failed: %s", rid, e)
 
     async def release(self, lease_id: int, discard: bool = False,
-                      discard_indices: Sequence[int] = ()) -> None:
+                      discard_indices: Sequence[int] = (),
+                      report: Optional[Mapping[str, int]] = None) -> None:
         """Unpin the lease's blocks. discard=True also drops every block of the
         lease nobody else references; discard_indices drops just those lease
-        positions (e.g. ChecksumError.bad_indices)."""
+        positions (e.g. ChecksumError.bad_indices). report: the fields of a
+        LookupReport (prompt_tokens, prompt_blocks, local_blocks,
+        loaded_blocks) for a lookup made with report_use; lease_id may be 0."""
         def build(s: str) -> pb.ReleaseRequest:
             return pb.ReleaseRequest(session_id=s, lease_id=lease_id, discard=discard,
-                                     discard_indices=list(discard_indices))
+                                     discard_indices=list(discard_indices),
+                                     report=None if report is None else pb.LookupReport(**report))
 
         await self._unary("Release", build, retry=True, rebind=False)
+
+    async def narrow(self, lease_id: int, start: int, count: int) -> None:
+        """Unpin the lease's blocks outside positions [start, start + count); the
+        lease keeps the rest, at positions 0..count-1."""
+        await self._unary("Release", lambda s: pb.ReleaseRequest(
+            session_id=s, lease_id=lease_id, keep_start=start, keep_blocks=count),
+            retry=True, rebind=False)
 
     async def stats(self) -> pb.StatsResponse:
         """The daemon's counters (tiers, sessions, leases, hits...)."""

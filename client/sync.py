@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-from typing import Any, Coroutine, Iterator, List, Optional, Sequence, TypeVar
+from typing import Any, Coroutine, Iterator, List, Mapping, Optional, Sequence, TypeVar
 
 import grpc
 
@@ -192,10 +192,10 @@ class Client:
     # ---- API (see AsyncClient for the semantics)
 
     def match(self, keys: Sequence[bytes], lease: bool = False,
-              blocks: bool = False) -> MatchResult:
+              blocks: bool = False, report_use: bool = False) -> MatchResult:
         # blocks may add a Load (older daemons) and a Release (on failure).
         rpcs = 2 * self._rounds(len(keys)) + (2 if blocks else 0)
-        return self._submit(self._aclient.match(keys, lease, blocks), rpcs=rpcs)
+        return self._submit(self._aclient.match(keys, lease, blocks, report_use), rpcs=rpcs)
 
     def arena_views(self, refs: Sequence[pb.BlockRef]) -> Optional[List[List[memoryview]]]:
         # No hop to the loop thread: AsyncClient.arena_views only reads the mapping.
@@ -242,8 +242,12 @@ class Client:
         return self._submit(self._aclient.save(keys, blocks), rpcs=6 * self._rounds(len(keys)))
 
     def release(self, lease_id: int, discard: bool = False,
-                discard_indices: Sequence[int] = ()) -> None:
-        self._submit(self._aclient.release(lease_id, discard, discard_indices))
+                discard_indices: Sequence[int] = (),
+                report: Optional[Mapping[str, int]] = None) -> None:
+        self._submit(self._aclient.release(lease_id, discard, discard_indices, report))
+
+    def narrow(self, lease_id: int, start: int, count: int) -> None:
+        self._submit(self._aclient.narrow(lease_id, start, count))
 
     def stats(self) -> pb.StatsResponse:
         return self._submit(self._aclient.stats())

@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 import time
-from typing import Optional, Sequence, Tuple
+from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 
 from kvkeeper.client import KVKeeperClientError
 
@@ -42,10 +42,25 @@ class Releaser:
         self.failed = 0
 
     def release(self, lease_id: Optional[int], discard: bool = False,
-                discard_indices: Sequence[int] = ()) -> None:
-        """Queue Release(lease_id, discard, discard_indices); returns at once."""
-        if not lease_id:
+                discard_indices: Sequence[int] = (),
+                report: Optional[Mapping[str, int]] = None) -> None:
+        """Queue Release(lease_id, discard, discard_indices, report); returns at
+        once. Without a lease, only a report is sent (a lookup that leased nothing)."""
+        if not lease_id and report is None:
             return
+        lid, indices = int(lease_id or 0), tuple(discard_indices)
+        rep = None if report is None else dict(report)
+        self._queue(lid, lambda c: c.release(lid, discard=discard, discard_indices=indices,
+                                             report=rep))
+
+    def narrow(self, lease_id: Optional[int], start: int, count: int) -> None:
+        """Queue the narrowing of a lease to positions [start, start + count),
+        ahead of any release queued after it."""
+        if lease_id:
+            lid = int(lease_id)
+            self._queue(lid, lambda c: c.narrow(lid, start, count))
+
+    def _queue(self, lease_id: int, call: Callable[[Any], Any]) -> None:
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=f"{self._link.name}-release",
@@ -53,7 +68,7 @@ class Releaser:
                 self._thread.start()
             self._pending += 1
             self._idle.clear()
-        self._q.put((int(lease_id), bool(discard), tuple(discard_indices), time.monotonic()))
+        self._q.put((lease_id, call, time.monotonic()))
 
     def flush(self, timeout: float) -> bool:
         """Wait until every queued release is done; False on timeout."""
@@ -77,18 +92,17 @@ class Releaser:
             item = self._q.get()
             if item is _STOP:
                 return
-            lease_id, discard, indices, queued = item  # type: ignore[misc]
+            lease_id, call, queued = item  # type: ignore[misc]
             try:
-                self._release(lease_id, discard, indices, queued)
+                self._release(lease_id, call, queued)
             finally:
                 self._done()
 
-    def _release(self, lease_id: int, discard: bool, indices: Tuple[int, ...],
-                 queued: float) -> None:
+    def _release(self, lease_id: int, call: Callable[[Any], Any], queued: float) -> None:
         while True:
             err: Optional[BaseException]
             try:
-                self._link.call(lambda c: c.release(lease_id, discard=discard, discard_indices=indices), "release")
+                self._link.call(call, "release")
                 self.released += 1
                 return
             except LinkDown as e:

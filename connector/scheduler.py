@@ -4,9 +4,15 @@ Timeline of one request (see the seed notes on UCM's, which this follows):
 
 1. on_new_request (vLLM adds the request, before scheduling it): the keys of
    the prompt's full blocks, from block 0, are looked up with
-   Match(lease=True) on each TP rank's link thread (DaemonLink.submit): the
-   hit is pinned in the daemon until the load is done, and the scheduler
-   thread never waits for the daemon.
+   Match(lease=True, report_use=True) on each TP rank's link thread
+   (DaemonLink.submit): the hit is pinned in the daemon until the load is
+   done, and the scheduler thread never waits for the daemon. vLLM has not
+   said yet how much of the prompt its own prefix cache holds, so the daemon
+   counts no hit for this Match: every lease's release (or, for a lookup that
+   leased nothing, a release of lease 0) carries a LookupReport of the
+   prompt, the blocks vLLM held itself and the blocks loaded (see
+   kvkeeper.server.ledger.usage); a lookup whose answer vLLM never used
+   reports nothing, as vLLM counts nothing for it either.
 2. get_num_new_matched_tokens: the answer is used if it is there, after
    waiting at most kvkeeper_lookup_wait_s (in all, per scheduling step);
    else the answer is "pending" (None): vLLM skips the request this step and
@@ -16,7 +22,9 @@ Timeline of one request (see the seed notes on UCM's, which this follows):
    num_tokens - 1 tokens: when the block holding the last token is held too
    it is loaded whole and vLLM computes only that token, writing its KV over
    the loaded copy during the forward (equal up to rounding, not always
-   bit for bit).
+   bit for bit). The leases are narrowed to the blocks beyond vLLM's own hit
+   (Release with keep_blocks, queued like releases), so the daemon pins only
+   what may be loaded.
 3. update_state_after_alloc: the vLLM block ids that receive the hit are
    recorded as a LoadSpec.
 4. build_connector_meta: the step's LoadSpecs, and a SaveSpec for every full
@@ -87,6 +95,8 @@ class _Lease:
     #                            lease itself covers blocks from 0 on
     blocks: int                # blocks from `start` on matched on every rank
     computed: int = 0          # tokens vLLM had already (the hit is counted after them)
+    base: int = 0              # request block at the daemon leases' position 0 (once narrowed)
+    report: Optional[Dict[str, int]] = None   # the LookupReport, less loaded_blocks
     refs: List[Sequence[Any]] = field(default_factory=list)   # per rank: BlockRefs from block 0
     arenas: List[Optional[bytes]] = field(default_factory=list)   # per rank: the refs' arena
 
@@ -162,13 +172,15 @@ class SchedulerSide:
         return tuple(st.chains[rank].keys(st.request.all_token_ids, end)[start:end])
 
     def _release(self, lease: Optional[_Lease],
-                 discard: Optional[Dict[int, Sequence[int]]] = None) -> None:
-        """Release every rank's lease; discard[rank]: lease positions to drop."""
+                 discard: Optional[Dict[int, Sequence[int]]] = None, loaded: int = 0) -> None:
+        """Release every rank's lease; discard[rank]: lease positions to drop;
+        with the lookup's report, `loaded` blocks (from lease.start) count as hits."""
         if lease is None:
             return
+        report = None if lease.report is None else {**lease.report, "loaded_blocks": loaded}
         for rank, lid in enumerate(lease.ids):
-            if lid:
-                self.releasers[rank].release(lid, discard_indices=(discard or {}).get(rank, ()))
+            self.releasers[rank].release(lid, discard_indices=(discard or {}).get(rank, ()),
+                                         report=report)
 
     def _drop_lease(self, st: _Req) -> None:
         lease, st.lease = st.lease, None
@@ -222,6 +234,7 @@ class SchedulerSide:
         error: Optional[BaseException] = None
         refs: List[Sequence[Any]] = []
         arenas: List[Optional[bytes]] = []
+        per_rank: List[int] = []
         for fut in lk.futures:
             try:
                 res, arena = fut.result()
@@ -232,6 +245,7 @@ class SchedulerSide:
             ids.append(res.lease_id)
             refs.append(res.blocks)
             arenas.append(arena)
+            per_rank.append(res.matched)
             matched = min(matched, res.matched)
         lease = _Lease(ids, 0, 0, refs=refs, arenas=arenas)
         if error is not None:
@@ -244,13 +258,22 @@ class SchedulerSide:
         top = hit_tokens(request.num_tokens, lk.limit, bs)
         self.counters.inc("lookups")
         self.counters.inc("lookup_tokens", max(0, top - num_computed_tokens))
+        local = min(num_computed_tokens // bs, lk.limit)
+        lease.report = {"prompt_tokens": request.num_tokens, "prompt_blocks": lk.limit,
+                        "local_blocks": local}
         hit = hit_tokens(request.num_tokens, matched, bs) - num_computed_tokens
         if hit <= 0 or not self._may_load(st):
             self._release(lease)
             return 0, False
-        lease.start = num_computed_tokens // bs
+        lease.start = local
         lease.blocks = matched - lease.start
         lease.computed = num_computed_tokens
+        for rank, lid in enumerate(lease.ids):
+            # Unpin what vLLM holds itself, and what another rank lacks.
+            if local or per_rank[rank] > matched:
+                self.releasers[rank].narrow(lid, local, lease.blocks)
+        if local:
+            lease.base = local
         st.lease = lease
         return hit, False
 
@@ -404,15 +427,17 @@ class SchedulerSide:
             req_id, lease = entry
             st = self._reqs.get(req_id)
             good = min((g for g, _ in ranks.values()), default=0)
-            # The lease covers the request's blocks from 0 on: position = block index.
-            corrupt = {r: [lease.start + i for i in bad] for r, (_, bad) in ranks.items() if bad}
+            # The lease's position 0 is request block lease.base.
+            corrupt = {r: [lease.start - lease.base + i for i in bad]
+                       for r, (_, bad) in ranks.items() if bad}
             if st is not None:
                 st.loads.discard(load_id)
                 if st.saved_blocks is not None and good < lease.blocks:
                     # vLLM recomputes from the first block that failed; the
                     # corrupt ones are dropped below and saved again then.
                     st.saved_blocks = min(st.saved_blocks, lease.start + good)
-            self._release(lease, corrupt)
+            # vLLM recomputes from the first block that failed on any rank.
+            self._release(lease, corrupt, loaded=min(good, lease.blocks))
             if corrupt:
                 # Rare: let the discard reach the daemon before this request's
                 # blocks are saved again (else they would find the corrupt
@@ -475,7 +500,8 @@ def _wait_all(futures: Sequence[Future[Any]], timeout: float) -> None:
 def _match(client: Any, keys: List[bytes]) -> Tuple[Any, Optional[bytes]]:
     """Leased Match that also returns where the blocks lie in shared memory
     (for the worker, which then needs no RPC of its own), and which arena."""
-    return client.match(keys, lease=True, blocks=True), getattr(client, "arena_id", None)
+    return (client.match(keys, lease=True, blocks=True, report_use=True),
+            getattr(client, "arena_id", None))
 
 
 def _without_io(cfg: ConnectorConfig) -> ConnectorConfig:

@@ -437,7 +437,9 @@ class WorkerSide:
         f = self._fetch_by_refs(spec)
         if f is not None:
             return f
-        res = self.link.call(lambda c: c.match(keys, lease=True, blocks=True), "load")
+        # report_use: the scheduler reports this load with its own lookup.
+        res = self.link.call(lambda c: c.match(keys, lease=True, blocks=True, report_use=True),
+                             "load")
         if not res.matched or not res.lease_id:
             self._finish_load(spec, 0)
             return None

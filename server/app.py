@@ -23,7 +23,7 @@ from grpc_reflection.v1alpha import reflection
 
 from kvkeeper.v1 import admin_pb2, admin_pb2_grpc, kvkeeper_pb2, kvkeeper_pb2_grpc
 
-from . import logsetup
+from . import grpclog, logsetup
 from .access import give_group, resolve_group
 from .api.admin import AdminServicer
 from .api.decoding import add_guarded
@@ -78,6 +78,8 @@ class Daemon:
 
     def __init__(self, config: Config) -> None:
         self.config = config
+        # grpc's ERROR for a call whose client just left is no daemon fault (grpclog.py).
+        grpclog.install()
         self.started_at = time.monotonic()
         # Everything that can refuse the configuration comes before any file is touched.
         self.tokens: Optional[TokenTable] = (load_tokens(config.auth.tokens_file)
@@ -179,12 +181,14 @@ class Daemon:
         if settled is not None:
             log.info("gc: %d objects frozen after start-up (collection and freeze took %.3fs)",
                      self.gc.frozen_objects, settled.seconds)
+        # Metrics first: once the socket accepts, /metrics answers too (probes and
+        # scrapers that wait for the socket then scrape at once).
+        if self.config.metrics.address:
+            self._metrics_http = self.metrics.start_http(self.config.metrics.address)
         await self.server.start()
         if self.socket_path:
             os.chmod(self.socket_path, self.config.listen.socket_mode)
             give_group(self.socket_path, self._gid)
-        if self.config.metrics.address:
-            self._metrics_http = self.metrics.start_http(self.config.metrics.address)
         self._reaper = asyncio.get_running_loop().create_task(self._reap())
         self._gc_ticker = asyncio.get_running_loop().create_task(self._gc_ticks())
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)

@@ -239,7 +239,8 @@ _TIER_FIELDS = ("capacity_bytes", "used_bytes", "pinned_bytes", "evictable_bytes
                 "capacity_pages", "used_pages", "blocks", "pending_blocks", "evictions",
                 "hit_blocks")
 _STAT_FIELDS = ("sessions", "leases", "reservations", "namespaces", "lookups", "lookup_keys",
-                "hit_blocks")
+                "hit_blocks", "hit_tokens", "lookup_blocks", "lookup_tokens", "prompt_blocks",
+                "prompt_tokens")
 
 
 def status_dict(stats: Any, health: str, url: str) -> dict[str, Any]:
@@ -249,20 +250,30 @@ def status_dict(stats: Any, health: str, url: str) -> dict[str, Any]:
                          "uptime_seconds": stats.uptime_seconds, "health": health,
                          "eviction_policy": stats.eviction_policy}
     d.update({k: getattr(stats, k) for k in _STAT_FIELDS})
-    d["hit_rate"] = stats.hit_blocks / stats.lookup_keys if stats.lookup_keys else None
+    # Of the tokens asked beyond the engines' own prefix caches, and of whole
+    # prompts: what the engines really loaded (see server/ledger/usage.py).
+    d["hit_rate"] = stats.hit_tokens / stats.lookup_tokens if stats.lookup_tokens else None
+    d["prompt_hit_rate"] = (stats.hit_tokens / stats.prompt_tokens if stats.prompt_tokens
+                            else None)
     d["tiers"] = [{"tier": _tier_name(pb2, t.tier), **{k: getattr(t, k) for k in _TIER_FIELDS}}
                   for t in stats.tiers]
     return d
 
 
+def _pct(rate: Optional[float]) -> str:
+    return "n/a" if rate is None else f"{100 * rate:.1f}%"
+
+
 def render_status(d: dict[str, Any]) -> str:
-    rate = "n/a" if d["hit_rate"] is None else f"{100 * d['hit_rate']:.1f}%"
+    rate = (f"{_pct(d['hit_rate'])} of {d['lookup_tokens']} tokens asked beyond the engines' "
+            f"caches; {_pct(d['prompt_hit_rate'])} of {d['prompt_tokens']} prompt tokens")
     rows = [("version", d["version"] or "?"), ("uptime", _fmt_uptime(d["uptime_seconds"])),
             ("health", d["health"]), ("policy", d["eviction_policy"] or "?"),
             ("sessions", d["sessions"]), ("leases", d["leases"]),
             ("reservations", d["reservations"]), ("namespaces", d["namespaces"]),
             ("lookups", f"{d['lookups']} ({d['lookup_keys']} keys)"),
-            ("hit blocks", d["hit_blocks"]), ("hit rate", rate)]
+            ("loaded", f"{d['hit_blocks']} blocks, {d['hit_tokens']} tokens"),
+            ("hit rate", rate)]
     lines = [f"kvkeeper daemon at {d['url']}"]
     lines += [f"  {k:<14}{v}" for k, v in rows]
     if d["tiers"]:

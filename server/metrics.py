@@ -100,10 +100,18 @@ class LedgerCollector:
             g(p + "build_info", "Build of the daemon; always 1.", labels=["version"]),
             g(p + "start_time_seconds", "Start time of the daemon, seconds since the Unix epoch."),
             c(p + "lookups", "Match calls answered."),
-            c(p + "lookup_keys", "Keys looked up by Match calls."),
-            c(p + "hit_blocks", "Blocks found by Match calls (leading committed hits).",
-              labels=tier),
-            c(p + "hit_tokens", "Tokens covered by blocks found by Match calls.", labels=tier),
+            c(p + "lookup_keys", "Keys named by Match calls, blocks clients hold themselves included."),
+            c(p + "lookup_blocks", "Blocks asked of the daemon beyond what the clients hold "
+              "themselves (vLLM's own prefix cache)."),
+            c(p + "lookup_tokens", "Tokens of the blocks asked beyond the clients' own caches "
+              "(TP rank 0 only)."),
+            c(p + "prompt_blocks", "Full blocks of the prompts clients reported looking up."),
+            c(p + "prompt_tokens", "Tokens of the prompts clients reported looking up "
+              "(TP rank 0 only)."),
+            c(p + "hit_blocks", "Blocks clients loaded from the daemon (a Match without "
+              "report_use: blocks it found).", labels=tier),
+            c(p + "hit_tokens", "Tokens of the blocks clients loaded, whole blocks "
+              "(TP rank 0 only).", labels=tier),
             c(p + "saved_blocks", "Blocks committed by CommitSave.", labels=tier),
             c(p + "saved_bytes", "Bytes of blocks committed by CommitSave.", labels=tier),
             c(p + "evictions", "Blocks dropped from a tier, by reason.", labels=tr),
@@ -153,6 +161,11 @@ class LedgerCollector:
         fam("start_time_seconds").add_metric([], self._started_at)
         fam("lookups").add_metric([], L.lookups)
         fam("lookup_keys").add_metric([], L.lookup_keys)
+        u = L.usage
+        fam("lookup_blocks").add_metric([], u.lookup_blocks)
+        fam("lookup_tokens").add_metric([], u.lookup_tokens)
+        fam("prompt_blocks").add_metric([], u.prompt_blocks)
+        fam("prompt_tokens").add_metric([], u.prompt_tokens)
         fam("sessions_expired").add_metric([], L.sessions_expired)
         fam("reservations_timed_out").add_metric([], L.reservations_timed_out)
         fam("sessions").add_metric([], len(L.sessions))
@@ -194,6 +207,7 @@ class LedgerCollector:
         name = "disk"
         used, evictable = idx.used_bytes, idx.evictable_bytes
         fam("hit_blocks").add_metric([name], idx.hit_blocks)
+        fam("hit_tokens").add_metric([name], disk.ledger.usage.lower_hit_tokens)
         fam("saved_blocks").add_metric([name], idx.written_blocks)
         fam("saved_bytes").add_metric([name], idx.written_bytes)
         ev = idx.evictions

@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 pkgs=()
 { command -v promtool && command -v prometheus; } >/dev/null 2>&1 || pkgs+=(prometheus)
 command -v systemd-analyze >/dev/null 2>&1 || pkgs+=(systemd)
+# openssl makes the throwaway CA of the mutual-TLS tests (tests/e2e/pki.py).
+command -v openssl >/dev/null 2>&1 || pkgs+=(openssl)
 if [ ${#pkgs[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "tests/run.sh: installing Debian's ${pkgs[*]}" >&2

@@ -4,7 +4,7 @@ from __future__ import annotations
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 from ..ids import DISK, GPU, HOST, TierName
-from ..ledger import NamespaceDescriptor, SlotStatus
+from ..ledger import LookupReport, NamespaceDescriptor, SlotStatus
 
 TIER_TO_PB = {GPU: pb.TIER_GPU, HOST: pb.TIER_HOST, DISK: pb.TIER_DISK}
 SLOT_TO_PB = {
@@ -24,3 +24,8 @@ def descriptor_from_pb(d: "pb.NamespaceDescriptor") -> NamespaceDescriptor:
 
 def tier_to_pb(name: TierName) -> int:
     return TIER_TO_PB.get(name, pb.TIER_UNSPECIFIED)
+
+
+def report_from_pb(r: "pb.LookupReport") -> LookupReport:
+    return LookupReport(prompt_tokens=r.prompt_tokens, prompt_blocks=r.prompt_blocks,
+                        local_blocks=r.local_blocks, loaded_blocks=r.loaded_blocks)

@@ -16,18 +16,23 @@ from kvkeeper.v1 import kvkeeper_pb2 as pb
 from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 
 from .. import identity
-from ..errors import FailedPrecondition, Unavailable
-from ..ids import SessionId
-from ..ledger import Block, Ledger
+from ..errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
+from ..ids import LeaseId, SessionId
+from ..ledger import Block, Lease, Ledger
 from ..ledger.sessions import tag
 from ..quoting import clip
-from .convert import SLOT_TO_PB, descriptor_from_pb, tier_to_pb
+from .convert import SLOT_TO_PB, descriptor_from_pb, report_from_pb, tier_to_pb
 from .handler import rpc, rpc_stream
 
 log = logging.getLogger("kvkeeper.api")
 
 # 1 MiB: 4 MiB chunks overflow the L2 cache and measured slower end to end.
 STREAM_CHUNK_BYTES = 1 << 20
+# Room for a BlockChunk's other fields (the client keeps the same margin for WriteChunk).
+CHUNK_OVERHEAD_BYTES = 4096
+# Upper bounds of what one block adds to an answer, beyond its key: a BlockRef's
+# tags, checksum and length prefix, and per extent (at most one per page).
+REF_BYTES, EXTENT_BYTES = 32, 24
 # The bulk messages go through kvkeeper.client.wire (the same bytes, fewer
 # copies): LoadStream yields frames built from the arena in one copy, and
 # WriteBlocks reads each chunk's data as a view of the received message.
@@ -46,6 +51,9 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         self.version = version
         self.started_at = started_at
         self.max_message_bytes = max_message_bytes
+        # A chunk and its fields must fit the daemon's own message limit, or grpc
+        # refuses to send it (RESOURCE_EXHAUSTED "Sent message larger than max").
+        self.stream_chunk_bytes = min(STREAM_CHUNK_BYTES, max_message_bytes - CHUNK_OVERHEAD_BYTES)
         self.clock = clock
         self.serving = True
         # False after the admin Drain: ReserveSave answers UNAVAILABLE from then on.
@@ -93,10 +101,11 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         sid = SessionId(request.session_id)
         owner = identity.of(context)
         if self.disk is not None:
-            r = await self.disk.match(sid, request.keys, lease=request.lease, owner=owner)
+            r = await self.disk.match(sid, request.keys, lease=request.lease,
+                                      report_use=request.report_use, owner=owner)
         else:
             r = self.ledger.match(sid, request.keys, lease=request.lease, now=self.clock(),
-                                  owner=owner)
+                                  report_use=request.report_use, owner=owner)
         tiers = r.tiers
         if tiers and tiers.count(tiers[0]) == len(tiers):
             pb_tiers = [tier_to_pb(tiers[0])] * len(tiers)
@@ -108,8 +117,22 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             # the arena before it), so its blocks are arena blocks, still pinned.
             # Taken from the table, not ledger.lease(): nothing may fail once a
             # lease exists that the client would never hear of.
-            self._block_refs(self.ledger.leases[r.lease_id].blocks, resp.blocks)
+            lease = self.ledger.leases[r.lease_id]
+            self._block_refs(lease, resp.blocks)
+            if self._too_big(resp, len(lease.blocks), lease.session.ns.pages_per_block):
+                # grpc would refuse to send it and the lease would be lost: answer
+                # without the refs, as a daemon that ignores `blocks` does; the
+                # client then asks Load, which says what is too big.
+                del resp.blocks[:]
         return resp
+
+    def _too_big(self, resp: Any, blocks: int, pages_per_block: int) -> bool:
+        """Whether `resp` exceeds server.max_message_bytes (which grpc enforces on
+        sending). Exact only when a cheap bound says it might: never on the usual path."""
+        per_block = self.ledger.config.key_bytes + REF_BYTES + EXTENT_BYTES * pages_per_block
+        if blocks * per_block + 64 <= self.max_message_bytes:
+            return False
+        return resp.ByteSize() > self.max_message_bytes
 
     @rpc
     async def Load(self, request: pb.LoadRequest, context: Any) -> pb.LoadResponse:
@@ -117,15 +140,23 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         lease = self.ledger.lease(SessionId(request.session_id), request.lease_id, now,
                                   identity.of(context))
         resp = pb.LoadResponse()
-        self._block_refs(lease.blocks, resp.blocks)
+        self._block_refs(lease, resp.blocks)
+        if self._too_big(resp, len(lease.blocks), lease.session.ns.pages_per_block):
+            raise ResourceExhausted(
+                f"the refs of lease {lease.id} take {resp.ByteSize()} bytes, above this daemon's "
+                f"server.max_message_bytes ({self.max_message_bytes}); release it and match "
+                "fewer keys per call, or use LoadStream")
         self.ledger.renew(lease.session, now)
         return resp
 
-    def _block_refs(self, blocks: Iterable[Block], out: Any) -> None:
-        """Append a BlockRef per block to `out` (a repeated BlockRef field): Load's
-        answer, or Match's with blocks=true. The client copies the bytes itself,
-        so handing out the refs is where a same-host load is counted, with no
-        duration the daemon could see."""
+    def _block_refs(self, lease: Lease, out: Any) -> None:
+        """Append a BlockRef per leased block to `out` (a repeated BlockRef field):
+        Load's answer, or Match's with blocks=true. The client copies the bytes
+        itself, so handing out the refs is where a same-host load is counted,
+        with no duration the daemon could see; for a report_use lease, when
+        the Release reports which blocks were loaded."""
+        lease.refs_out = True
+        blocks: Iterable[Block] = lease.blocks
         nbytes = 0
         # Built in place with add(): about half the cost of building and copying sub-messages.
         for b in blocks:
@@ -134,7 +165,8 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             for o, n in self._extents(b):
                 ref.extents.add(offset=o, length=n)
             nbytes += b.ns.block_bytes
-        self.metrics.observe_transfer("load", "shm", nbytes, None)
+        if not lease.report_use:
+            self.metrics.observe_transfer("load", "shm", nbytes, None)
 
     @rpc_stream
     async def LoadStream(self, request: pb.LoadRequest, context: Any) -> AsyncIterator[bytes]:
@@ -152,9 +184,10 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             views = [self.arena.view(o, n) for o, n in self._extents(b)]
             size = sum(len(v) for v in views)
             algo, value = b.checksum or (0, 0)
-            frames = [encode_block_chunk(i, off, slice_views(views, off, STREAM_CHUNK_BYTES),
+            step = self.stream_chunk_bytes
+            frames = [encode_block_chunk(i, off, slice_views(views, off, step),
                                          algo if off == 0 else 0, value if off == 0 else 0)
-                      for off in range(0, size, STREAM_CHUNK_BYTES)]
+                      for off in range(0, size, step)]
             del views   # the arena cannot unmap while views of it live
             for frame in frames:
                 yield frame
@@ -164,9 +197,22 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
 
     @rpc
     async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseResponse:
-        self.ledger.release(SessionId(request.session_id), request.lease_id, self.clock(),
-                            discard=request.discard, discard_indices=request.discard_indices,
-                            owner=identity.of(context))
+        sid, now, owner = SessionId(request.session_id), self.clock(), identity.of(context)
+        if request.keep_blocks:
+            if request.discard or request.discard_indices or request.HasField("report"):
+                raise InvalidArgument("keep_blocks narrows a lease: send discards and the "
+                                      "report with the Release that ends it")
+            self.ledger.narrow(sid, request.lease_id, request.keep_start, request.keep_blocks, now,
+                               owner)
+            return pb.ReleaseResponse()
+        report = report_from_pb(request.report) if request.HasField("report") else None
+        lease = self.ledger.leases.get(LeaseId(request.lease_id))
+        loaded = self.ledger.release(sid, request.lease_id, now, discard=request.discard,
+                                     discard_indices=request.discard_indices, report=report,
+                                     owner=owner)
+        if loaded and lease is not None and lease.refs_out:
+            self.metrics.observe_transfer("load", "shm", loaded * lease.session.ns.block_bytes,
+                                          None)
         return pb.ReleaseResponse()
 
     # ------------------------------------------------------------ save
@@ -239,6 +285,7 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
     @rpc
     async def Stats(self, request: pb.StatsRequest, context: Any) -> pb.StatsResponse:
         L = self.ledger
+        u = L.usage
         tiers = []
         for t in L.tiers.values():
             pb_ = t.page_bytes
@@ -261,4 +308,7 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             namespaces=len(L.namespaces), lookups=L.lookups, lookup_keys=L.lookup_keys,
             hit_blocks=sum(t.hit_blocks for t in L.tiers.values())
             + (self.disk.index.hit_blocks if self.disk is not None else 0),
-            eviction_policy=L.config.policy)
+            eviction_policy=L.config.policy,
+            hit_tokens=sum(t.hit_tokens for t in L.tiers.values()) + u.lower_hit_tokens,
+            lookup_blocks=u.lookup_blocks, lookup_tokens=u.lookup_tokens,
+            prompt_blocks=u.prompt_blocks, prompt_tokens=u.prompt_tokens)

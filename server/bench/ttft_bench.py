@@ -380,7 +380,8 @@ class Bench:
             self.client = Client.connect(self.daemon.url, info["namespace"],
                                          instance_id="kvkeeper bench ttft", timeout=5.0)
         keys = chain_keys(bytes.fromhex(info["seed"]), list(tokens), int(info["block_tokens"]))
-        return self.client.match(keys).matched, len(keys)
+        # report_use: a probe, not a lookup or hit of the daemon's counters.
+        return self.client.match(keys, report_use=True).matched, len(keys)
 
     def wait_saved(self, saved: Sequence[Tuple[Dict[str, Any], List[int]]],
                    timeout: float = 60.0) -> None:

@@ -21,6 +21,7 @@ from .sessions import SessionTable
 from .states import BlockState, Event, next_state
 from .tier import Tier, TierSpec
 from .units import pages_for_bytes
+from .usage import LookupReport, Usage
 
 S, E = BlockState, Event
 
@@ -84,6 +85,7 @@ class Ledger:
         # Monotonic counters, read by the metrics collector.
         self.lookups = 0
         self.lookup_keys = 0
+        self.usage = Usage()
         self.sessions_expired = 0
         self.reservations_timed_out = 0
 
@@ -162,12 +164,14 @@ class Ledger:
     # ------------------------------------------------------------ match / lease
     def match(self, sid: SessionId, keys: Sequence[bytes], *, lease: bool, now: float,
               internal: bool = False, counted_elsewhere: Collection[int] = (),
-              owner: Identity = LOCAL) -> MatchResult:
+              report_use: bool = False, owner: Identity = LOCAL) -> MatchResult:
         """Count leading committed keys; with `lease`, pin them until release().
 
         `internal` pins for the daemon's own work (flushing to a lower tier):
         no lookup, no hit, no change to the eviction order. The hits at the
         positions in `counted_elsewhere` came from a lower tier, which counts them.
+        With `report_use` no key counts as asked and no block as a hit: the
+        client reports its use with release() (see usage.py).
         """
         session = self.session(sid, now, owner)
         keys = self._check_keys(keys, unique=False)
@@ -181,7 +185,6 @@ class Ledger:
         if not internal:
             self.lookups += 1
             self.lookup_keys += len(keys)
-            block_tokens = session.ns.block_tokens
             # Tail first, so that within a chain the head is the most recently used
             # and eviction takes the tail: a prefix that loses its head is unmatchable.
             for b in reversed(hit):
@@ -190,21 +193,17 @@ class Ledger:
                 else:
                     b.hits += 1
                 b.last_used = now
-            if hit and not counted_elsewhere and len(self.tiers) == 1:
-                self.top.hit_blocks += len(hit)
-                self.top.hit_tokens += len(hit) * block_tokens
-            else:
-                for i, b in enumerate(hit):
-                    if i not in counted_elsewhere:
-                        b.tier.hit_blocks += 1
-                        b.tier.hit_tokens += block_tokens
+            if not report_use:
+                self.usage.asked(session.ns, len(keys))
+                self.usage.hits(session.ns, hit, self.top, len(self.tiers) == 1, counted_elsewhere)
         lease_id = None
         if lease and hit:
             for b in hit:
                 self._pin(b)
             lease_id = LeaseId(self._next_lease)
             self._next_lease += 1
-            self.leases[lease_id] = Lease(lease_id, session, hit)
+            self.leases[lease_id] = Lease(lease_id, session, hit, report_use=report_use,
+                                          lower=frozenset(counted_elsewhere))
             session.leases.add(lease_id)
         tiers = ([self.top.name] * len(hit) if len(self.tiers) == 1
                  else [b.tier.name for b in hit])
@@ -222,17 +221,82 @@ class Ledger:
         return lease
 
     def release(self, sid: SessionId, lease_id: int, now: float, *, discard: bool = False,
-                discard_indices: Sequence[int] = (), owner: Identity = LOCAL) -> None:
+                discard_indices: Sequence[int] = (),
+                report: Optional[LookupReport] = None, owner: Identity = LOCAL) -> int:
         """Drop a lease. Blocks to discard (all with `discard`, or those at
-        `discard_indices`) are reclaimed at once when no other lease holds them."""
+        `discard_indices`) are reclaimed at once when no other lease holds them.
+
+        `report`: what the lookup of a report_use Match was used for, counted
+        now; lease_id 0 reports a lookup that leased nothing. Returns how many
+        of the lease's blocks the report counts as loaded."""
+        if report is not None and not lease_id:
+            self.report(sid, report, now, owner)
+            return 0
         lease = self.lease(sid, lease_id, now, owner)
         n = len(lease.blocks)
         bad = [i for i in discard_indices if not 0 <= i < n]
         if bad:
             raise InvalidArgument(
                 f"discard index {bad[0]} is outside lease {lease_id} of {n} blocks")
+        loaded: list[Block] = []
+        if report is not None:
+            loaded = self._reported_blocks(lease, report)
         drop: Iterable[Block] = lease.blocks if discard else [lease.blocks[i] for i in discard_indices]
+        if report is not None:
+            # Validated above: nothing fails from here on.
+            self.usage.reported(lease.session.ns, report)
+            self.usage.hits(lease.session.ns, loaded, self.top, len(self.tiers) == 1,
+                            lease.lower, first=report.local_blocks)
         self._release(lease, discard=drop, now=now)
+        self.renew(lease.session, now)
+        return len(loaded)
+
+    def report(self, sid: SessionId, report: LookupReport, now: float,
+               owner: Identity = LOCAL) -> None:
+        """Count a report_use lookup that leased nothing (so loaded nothing)."""
+        session = self.session(sid, now, owner)
+        report.validate(session.ns.block_tokens)
+        if report.loaded_blocks:
+            raise InvalidArgument(
+                f"report: {report.loaded_blocks} blocks loaded without a lease; report a "
+                "load with the Release of the lease it came from")
+        self.usage.reported(session.ns, report)
+        self.renew(session, now)
+
+    def _reported_blocks(self, lease: Lease, report: LookupReport) -> list[Block]:
+        """The lease's blocks the report says were loaded, or InvalidArgument."""
+        report.validate(lease.session.ns.block_tokens)
+        if not lease.report_use:
+            raise InvalidArgument(
+                f"lease {lease.id} came from a Match without report_use, which counted its "
+                "hits already; release it without a report")
+        start = report.local_blocks - lease.first
+        end = start + report.loaded_blocks
+        if report.loaded_blocks and not (0 <= start and end <= len(lease.blocks)):
+            raise InvalidArgument(
+                f"report: blocks [{report.local_blocks}, {report.local_blocks + report.loaded_blocks})"
+                f" loaded, but lease {lease.id} holds lookup positions [{lease.first}, "
+                f"{lease.first + len(lease.blocks)})")
+        return lease.blocks[start:end] if report.loaded_blocks else []
+
+    def narrow(self, sid: SessionId, lease_id: int, start: int, count: int, now: float,
+               owner: Identity = LOCAL) -> None:
+        """Unpin the lease's blocks outside positions [start, start + count); it
+        keeps the rest, at positions 0..count-1 (e.g. once the client knows it
+        holds the leading ones itself)."""
+        lease = self.lease(sid, lease_id, now, owner)
+        n = len(lease.blocks)
+        if count <= 0 or start < 0 or start + count > n:
+            raise InvalidArgument(
+                f"keep [{start}, {start + count}) is not a non-empty range of lease {lease_id} "
+                f"of {n} blocks")
+        kept = lease.blocks[start:start + count]
+        for b in reversed(lease.blocks[start + count:]):   # tail first, as in match()
+            self._unpin(b, now)
+        for b in reversed(lease.blocks[:start]):
+            self._unpin(b, now)
+        lease.blocks = kept
+        lease.first += start
         self.renew(lease.session, now)
 
     def _raise_unknown_lease(self, lease_id: int) -> None:

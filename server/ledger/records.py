@@ -114,6 +114,16 @@ class Lease:
     id: LeaseId
     session: Session
     blocks: list[Block]
+    # With report_use the Match counted no hit: the Release's report does.
+    report_use: bool = False
+    # Position in the Match's keys of blocks[0] (a lease narrowed by a
+    # Release with keep_blocks no longer starts at the first key).
+    first: int = 0
+    # Match positions a lower tier served (and counted as its hits).
+    lower: frozenset[int] = frozenset()
+    # The servicer handed out the blocks' shared-memory refs: a reported load
+    # counts its bytes as a shm load.
+    refs_out: bool = False
 
 
 @dataclass(eq=False)

@@ -128,7 +128,7 @@ class DiskTier:
 
     # ------------------------------------------------------------ match with promotion
     async def match(self, sid: SessionId, keys: Sequence[bytes], *, lease: bool,
-                    owner: Identity = LOCAL) -> MatchResult:
+                    report_use: bool = False, owner: Identity = LOCAL) -> MatchResult:
         session = self.ledger.session(sid, self.clock(), owner)
         keys = self.ledger._check_keys(keys, unique=False)
         ns = session.ns
@@ -161,17 +161,24 @@ class DiskTier:
         lower = set(on_disk)
         if not lease:
             host_keys = [k for i, k in enumerate(keys[:n]) if i not in lower]
-            self.ledger.match(sid, host_keys, lease=False, now=self.clock(), owner=owner)
+            self.ledger.match(sid, host_keys, lease=False, now=self.clock(), report_use=report_use,
+                              owner=owner)
             # The request looked up every key, not only those the arena holds.
-            self.ledger.lookup_keys += len(keys) - len(host_keys)
+            self._asked_beyond(ns, len(keys) - len(host_keys), report_use)
             top = self.ledger.top.name
             return MatchResult(n, [DISK if i in lower else top for i in range(n)], None)
         r = self.ledger.match(sid, keys[:n], lease=True, now=self.clock(), counted_elsewhere=lower,
-                              owner=owner)
-        self.ledger.lookup_keys += len(keys) - n
+                              report_use=report_use, owner=owner)
+        self._asked_beyond(ns, len(keys) - n, report_use)
         tiers: list[TierName] = [DISK if i in lower else t for i, t in enumerate(r.tiers)]
         self._admit(ns, keys[:r.matched])
         return MatchResult(r.matched, tiers, r.lease_id)
+
+    def _asked_beyond(self, ns: Namespace, keys: int, report_use: bool) -> None:
+        """Count the keys of a Match that the ledger's own match() was not given."""
+        self.ledger.lookup_keys += keys
+        if not report_use:
+            self.ledger.usage.asked(ns, keys)
 
     async def _probe(self, ns: Namespace, key: bytes) -> bool:
         """An index miss falls back to the file: another daemon may have written it."""

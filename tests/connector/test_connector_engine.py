@@ -59,7 +59,8 @@ class Cluster:
         return self._client
 
     def stored(self, keys: List[bytes]) -> int:
-        return self.client().match(keys).matched
+        # report_use: a probe of the test's, not counted as a lookup or hit.
+        return self.client().match(keys, report_use=True).matched
 
     def wait_stored(self, keys: List[bytes], timeout: float = 20.0) -> None:
         """Saves are sent in the background: wait until they are committed."""
@@ -171,10 +172,10 @@ def test_shared_prefix_is_an_external_hit_with_identical_output(cluster: Cluster
     m = cluster.b.metrics()
     assert m["vllm:kvkeeper_loaded_blocks"] - loaded_before == 6
     assert m["vllm:external_prefix_cache_hits"] - ext_before == hit
-    # the scheduler's lookup matched the 6 blocks; the worker copied them with
-    # the lookup's arena refs, without a Match of its own
-    assert cluster.daemon.stats().hit_blocks - hits_before == 6
+    # the worker copied the 6 blocks with the lookup's arena refs, without a
+    # Match of its own; the lease's release reported them loaded
     cluster.wait_no_leases()
+    assert cluster.daemon.stats().hit_blocks - hits_before == 6
 
 
 def test_partial_prefix_hit_on_a_shared_system_prompt(cluster: Cluster) -> None:
@@ -273,3 +274,61 @@ def test_daemon_killed_mid_request_then_hits_resume(cluster: Cluster) -> None:
         assert time.monotonic() < deadline, "hits did not resume after the daemon restarted"
         i += 1
         time.sleep(0.5)
+
+
+
+def test_daemon_hit_tokens_equal_vllms_when_vllms_own_cache_holds_part(cluster: Cluster) -> None:
+    """B's prompts are held partly by vLLM's own prefix cache and partly by the
+    daemon (A saved them): the daemon counts as hits only the blocks B loaded,
+    so its hit tokens equal the sum of the engines' vllm:kvkeeper_hit_tokens
+    but for the last-token rule (a hit ending at a block-aligned prompt's last
+    token: vLLM counts that token as computed, the daemon the whole block),
+    and what was asked of it excludes the blocks vLLM held itself."""
+    aligned, tail = prompt("own-aligned", 192), prompt("own-tail", 200)   # 6 full blocks each
+    system = prompt("own-system", 96)                                     # 3 blocks
+    qa, qz, qb = prompt("own-qa", 40), prompt("own-qz", 10), prompt("own-qb", 50)
+    saved = [aligned, tail, system + qa]
+    served = [   # (prompt, blocks in B's own prefix cache, kvkeeper hit tokens B reports)
+        (tail, 0, 192),               # all 6 blocks from kvkeeper, 8 tokens computed
+        (tail, 6, 0),                 # again: vLLM's own cache holds the 6 blocks
+        (aligned, 0, 191),            # 6 blocks loaded, the last token recomputed
+        (aligned, 5, 31),             # vLLM's own cache: 5 blocks (not the last token's); block 5 loaded
+        (system[:64] + qz, 0, 64),    # kvkeeper: A's system blocks 0-1
+        (system + qb, 2, 32),         # vLLM's own cache: blocks 0-1; kvkeeper: block 2
+    ]
+    engines = {"a": cluster.a, "b": cluster.b}
+    cluster.wait_no_leases()   # no report of an earlier test's lease still on its way
+    m0 = {e: eng.metrics() for e, eng in engines.items()}
+    s0 = cluster.daemon.stats()
+    for p in saved:
+        a = one(cluster.a, p, 4)
+        cluster.wait_stored(report_keys(a["report"], p)[:len(p) // BS])
+    got = [hit_tokens(one(cluster.b, p, 4)) for p, _, _ in served]
+    cluster.wait_no_leases()   # every lease's release reports its hits
+    prompts = sum(len(p) for p in saved) + sum(len(p) for p, _, _ in served)
+    deadline = time.monotonic() + 10
+    while cluster.daemon.stats().prompt_tokens - s0.prompt_tokens < prompts:
+        # misses report without a lease, also asynchronously
+        assert time.monotonic() < deadline, "the lookups' reports did not all reach the daemon"
+        time.sleep(0.05)
+    s1 = cluster.daemon.stats()
+    m1 = {e: eng.metrics() for e, eng in engines.items()}
+    def delta(name: str) -> Dict[str, float]:
+        return {e: m1[e].get(name, 0) - m0[e].get(name, 0) for e in engines}
+
+    vllm = delta("vllm:kvkeeper_hit_tokens")
+    external = delta("vllm:external_prefix_cache_hits")   # counted by vLLM's scheduler
+    daemon = s1.hit_tokens - s0.hit_tokens
+    last_token_rule = sum(1 for (p, _, _), h in zip(served, got) if h and len(p) % BS == 0)
+    asked = sum(len(p) // BS for p in saved) + sum(len(p) // BS - own for p, own, _ in served)
+    print(f"\nkvkeeper_hit_tokens_total delta: {daemon}; sum of vllm:kvkeeper_hit_tokens_total "
+          f"deltas: {sum(vllm.values())} (A {vllm['a']}, B {vllm['b']}); last-token rule: "
+          f"{last_token_rule}; per request on B: {got}; daemon lookup_tokens delta "
+          f"{s1.lookup_tokens - s0.lookup_tokens}, prompt_tokens delta "
+          f"{s1.prompt_tokens - s0.prompt_tokens}; vllm:external_prefix_cache_hits deltas "
+          f"{external}")
+    assert got == [h for _, _, h in served]
+    assert vllm["a"] == 0 and vllm["b"] == sum(got) == external["b"]
+    assert daemon == sum(vllm.values()) + last_token_rule
+    assert s1.lookup_tokens - s0.lookup_tokens == asked * BS
+    assert s1.prompt_tokens - s0.prompt_tokens == prompts

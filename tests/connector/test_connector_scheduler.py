@@ -41,8 +41,13 @@ class FakeDaemon:
         self.ids = itertools.count(1)
         self.fail: Optional[Exception] = None
         self.arena_id: Optional[bytes] = None   # set: the client maps an arena
+        self.reports: List[Tuple[int, Dict[str, int]]] = []   # (lease id or 0, report)
+        self.narrowed: List[Tuple[int, int, int]] = []
+        self.report_use: List[bool] = []
 
-    def match(self, keys: Sequence[bytes], lease: bool = False, blocks: bool = False):
+    def match(self, keys: Sequence[bytes], lease: bool = False, blocks: bool = False,
+              report_use: bool = False):
+        self.report_use.append(report_use)
         if self.fail is not None:
             raise self.fail
         n = 0
@@ -58,12 +63,23 @@ class FakeDaemon:
         return MatchResult(n, [2] * n, lid, refs)
 
     def release(self, lease_id: int, discard: bool = False,
-                discard_indices: Sequence[int] = ()) -> None:
+                discard_indices: Sequence[int] = (), report: Optional[Dict[str, int]] = None) -> None:
+        if report is not None:
+            self.reports.append((lease_id, dict(report)))
+        if not lease_id:
+            assert report is not None and not report["loaded_blocks"]
+            return
         keys = self.leases.pop(lease_id)
         self.released.append((lease_id, discard))
         if discard:
             self.keys.difference_update(keys)
         self.keys.difference_update(keys[i] for i in discard_indices)
+
+    def narrow(self, lease_id: int, start: int, count: int) -> None:
+        keys = self.leases[lease_id]
+        assert count > 0 and 0 <= start and start + count <= len(keys)
+        self.leases[lease_id] = keys[start:start + count]
+        self.narrowed.append((lease_id, start, count))
 
 
 class FakeLink:

@@ -87,7 +87,8 @@ def test_rules_use_only_exported_metrics(exported: set[str]) -> None:
         seen |= names
     # The rules cover what the issue asked for.
     for name in ("up", "kvkeeper_tier_pinned_bytes", "kvkeeper_rpc_errors_total",
-                 "kvkeeper_hit_blocks_total", "kvkeeper_disk_checksum_failures_total",
+                 "kvkeeper_hit_tokens_total", "kvkeeper_lookup_tokens_total",
+                 "kvkeeper_disk_checksum_failures_total",
                  "kvkeeper_evictions_total"):
         assert name in seen, name
 

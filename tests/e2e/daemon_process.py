@@ -119,3 +119,18 @@ def tokens_text(**tokens: Any) -> str:
         out.append(f'[tokens.{name}]\ntoken = "{token}"\nmodels = {json.dumps(models)}\n'
                    f'admin = {"true" if admin and admin[0] else "false"}\n')
     return "\n".join(out)
+
+
+def two_tenants_and_ops(token_a: str, token_b: str, token_ops: str) -> str:
+    """The tokens file of the isolation suites: tenant-a (model-a), tenant-b
+    (model-b) and an admin, ops, for every model."""
+    return tokens_text(**{"tenant-a": (token_a, ["model-a"]), "tenant-b": (token_b, ["model-b"]),
+                          "ops": (token_ops, ["*"], True)})
+
+
+def write_tokens(directory: Path, text: str) -> str:
+    """tokens.toml in `directory`, readable by its owner only (as the daemon wants)."""
+    p = directory / "tokens.toml"
+    p.write_text(text)
+    p.chmod(0o600)
+    return str(p)

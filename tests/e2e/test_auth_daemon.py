@@ -23,6 +23,8 @@ from kvkeeper.server.config import ConfigError
 from kvkeeper.v1 import admin_pb2 as apb
 from kvkeeper.v1 import admin_pb2_grpc as apb_grpc
 
+from pki import make_pki, openssl
+
 
 BLOCK = 4096
 TOKEN_A = "tenant-a-0123456789abcdef"
@@ -219,23 +221,10 @@ async def test_a_tenant_cannot_evict(secured: Any) -> None:
 # --------------------------------------------------------------------------- mutual TLS
 @pytest.fixture(scope="module")
 def pki() -> Any:
-    openssl = shutil.which("openssl")
-    if openssl is None:
+    if openssl() is None:
         pytest.skip("openssl is not installed")
     d = Path(tempfile.mkdtemp(prefix="kvk-pki-"))
-
-    def run(*args: str) -> None:
-        subprocess.run([openssl, *args], cwd=d, check=True, capture_output=True)
-
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
-        "-days", "2", "-subj", "/CN=kvkeeper test CA")
-    (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for name, ext in (("server", ["-extfile", "server.ext"]), ("client", [])):
-        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
-            f"{name}.csr", "-subj", f"/CN=kvkeeper {name}")
-        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-            "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", *ext)
-    yield d
+    yield make_pki(d)
     shutil.rmtree(d, ignore_errors=True)
 
 

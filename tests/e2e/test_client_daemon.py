@@ -212,3 +212,26 @@ async def test_blocking_client_match_with_blocks(daemon: Any) -> None:
             c.release(m.lease_id)
 
     await asyncio.to_thread(run)
+
+
+async def test_report_use_narrow_and_report_through_the_client(daemon: Any) -> None:
+    """The connector's way of looking up: Match(report_use) counts no hit, narrow()
+    unpins what the client holds itself, release(report=) counts what it loaded."""
+    c = await AsyncClient.connect(f"unix://{daemon.socket_path}", ns())
+    try:
+        await c.save(keys(4), blocks(4))
+        m = await c.match(keys(5), lease=True, blocks=True, report_use=True)
+        assert m.matched == 4 and len(m.blocks) == 4
+        assert daemon.ledger.top.hit_tokens == 0
+        await c.narrow(m.lease_id, 1, 3)
+        assert [len(lease.blocks) for lease in daemon.ledger.leases.values()] == [3]
+        await c.release(m.lease_id, report={"prompt_tokens": 170, "prompt_blocks": 5,
+                                            "local_blocks": 1, "loaded_blocks": 3})
+        await c.release(0, report={"prompt_tokens": 40, "prompt_blocks": 1, "local_blocks": 0,
+                                   "loaded_blocks": 0})
+        st = await c.stats()
+        assert (st.hit_tokens, st.lookup_tokens, st.prompt_tokens) == (3 * 32, 5 * 32, 210)
+        assert not daemon.ledger.leases
+        daemon.ledger.check_invariants()
+    finally:
+        await c.close()

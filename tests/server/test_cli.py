@@ -265,6 +265,8 @@ class FakeKVKeeper(pb2_grpc.KVKeeperServicer):
         return pb2.StatsResponse(
             version="0.1.0", uptime_seconds=3725.0, sessions=2, leases=5, reservations=1,
             namespaces=1, lookups=10, lookup_keys=400, hit_blocks=100, eviction_policy="lru",
+            hit_tokens=3200, lookup_blocks=200, lookup_tokens=6400, prompt_blocks=400,
+            prompt_tokens=12900,
             tiers=[pb2.TierStats(tier=pb2.TIER_HOST, capacity_bytes=GiB,
                                  used_bytes=GiB // 4, pinned_bytes=64 * KiB,
                                  evictable_bytes=GiB // 4 - 64 * KiB, capacity_pages=16383,
@@ -300,7 +302,9 @@ def test_status_table(capsys, fake_daemon):
     for label, value in [("version", "0.1.0"), ("uptime", "1h 02m 05s"), ("health", "SERVING"),
                          ("sessions", "2"), ("leases", "5"), ("reservations", "1"),
                          ("namespaces", "1"), ("lookups", "10 (400 keys)"),
-                         ("hit blocks", "100"), ("hit rate", "25.0%")]:
+                         ("loaded", "100 blocks, 3200 tokens"),
+                         ("hit rate", "50.0% of 6400 tokens asked beyond the engines' caches; "
+                                      "24.8% of 12900 prompt tokens")]:
         assert any(line.split() == [*label.split(), *value.split()]
                    for line in out.splitlines()), (label, out)
     header = next(line for line in out.splitlines() if line.split()[:1] == ["tier"])
@@ -317,7 +321,8 @@ def test_status_json(capsys, fake_daemon):
     assert rc == 0
     d = json.loads(out)
     assert d["health"] == "unknown (no health service)"
-    assert d["hit_rate"] == 0.25
+    assert d["hit_rate"] == 0.5 and d["prompt_hit_rate"] == 3200 / 12900
+    assert (d["hit_tokens"], d["lookup_tokens"], d["prompt_tokens"]) == (3200, 6400, 12900)
     assert (d["sessions"], d["leases"], d["lookup_keys"], d["eviction_policy"]) == \
         (2, 5, 400, "lru")
     (tier,) = d["tiers"]
@@ -333,5 +338,5 @@ def test_status_relative_unix_url(capsys, fake_daemon):
 
 def test_hit_rate_without_lookups():
     d = cli.status_dict(pb2.StatsResponse(), "SERVING", "x:1")
-    assert d["hit_rate"] is None
+    assert d["hit_rate"] is None and d["prompt_hit_rate"] is None
     assert "n/a" in cli.render_status(d)

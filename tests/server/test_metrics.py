@@ -27,6 +27,8 @@ NS = NamespaceDescriptor(model_id="m", block_tokens=16, block_bytes=2 * PAGE)  #
 LEDGER_METRICS = {
     "kvkeeper_up", "kvkeeper_build_info", "kvkeeper_start_time_seconds",
     "kvkeeper_lookups_total", "kvkeeper_lookup_keys_total",
+    "kvkeeper_lookup_blocks_total", "kvkeeper_lookup_tokens_total",
+    "kvkeeper_prompt_blocks_total", "kvkeeper_prompt_tokens_total",
     "kvkeeper_hit_blocks_total", "kvkeeper_hit_tokens_total",
     "kvkeeper_saved_blocks_total", "kvkeeper_saved_bytes_total", "kvkeeper_evictions_total",
     "kvkeeper_tier_capacity_bytes", "kvkeeper_tier_used_bytes", "kvkeeper_tier_pinned_bytes",
@@ -191,6 +193,10 @@ def test_values_follow_the_ledger():
     assert val(v, "kvkeeper_lookup_keys_total") == 3
     assert val(v, "kvkeeper_hit_blocks_total", **host) == 2
     assert val(v, "kvkeeper_hit_tokens_total", **host) == 2 * NS.block_tokens
+    # a Match without report_use: every key it names was asked of the daemon
+    assert val(v, "kvkeeper_lookup_blocks_total") == 3
+    assert val(v, "kvkeeper_lookup_tokens_total") == 3 * NS.block_tokens
+    assert val(v, "kvkeeper_prompt_blocks_total") == 0
     assert val(v, "kvkeeper_leases") == 1
     assert val(v, "kvkeeper_tier_pinned_bytes", **host) == 4 * PAGE
     assert val(v, "kvkeeper_tier_evictable_bytes", **host) == 2 * PAGE

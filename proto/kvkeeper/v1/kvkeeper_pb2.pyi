@@ -132,16 +132,18 @@ class CloseSessionResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class MatchRequest(_message.Message):
-    __slots__ = ("session_id", "keys", "lease", "blocks")
+    __slots__ = ("session_id", "keys", "lease", "blocks", "report_use")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    REPORT_USE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     lease: bool
     blocks: bool
-    def __init__(self, session_id: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease: _Optional[bool] = ..., blocks: _Optional[bool] = ...) -> None: ...
+    report_use: bool
+    def __init__(self, session_id: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease: _Optional[bool] = ..., blocks: _Optional[bool] = ..., report_use: _Optional[bool] = ...) -> None: ...
 
 class MatchResponse(_message.Message):
     __slots__ = ("matched", "tiers", "lease_id", "blocks")
@@ -282,16 +284,34 @@ class AbortSaveResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("session_id", "lease_id", "discard", "discard_indices")
+    __slots__ = ("session_id", "lease_id", "discard", "discard_indices", "keep_start", "keep_blocks", "report")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     DISCARD_FIELD_NUMBER: _ClassVar[int]
     DISCARD_INDICES_FIELD_NUMBER: _ClassVar[int]
+    KEEP_START_FIELD_NUMBER: _ClassVar[int]
+    KEEP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     lease_id: int
     discard: bool
     discard_indices: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., discard: _Optional[bool] = ..., discard_indices: _Optional[_Iterable[int]] = ...) -> None: ...
+    keep_start: int
+    keep_blocks: int
+    report: LookupReport
+    def __init__(self, session_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., discard: _Optional[bool] = ..., discard_indices: _Optional[_Iterable[int]] = ..., keep_start: _Optional[int] = ..., keep_blocks: _Optional[int] = ..., report: _Optional[_Union[LookupReport, _Mapping]] = ...) -> None: ...
+
+class LookupReport(_message.Message):
+    __slots__ = ("prompt_tokens", "prompt_blocks", "local_blocks", "loaded_blocks")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    LOADED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    prompt_blocks: int
+    local_blocks: int
+    loaded_blocks: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., prompt_blocks: _Optional[int] = ..., local_blocks: _Optional[int] = ..., loaded_blocks: _Optional[int] = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
     __slots__ = ()
@@ -328,7 +348,7 @@ class TierStats(_message.Message):
     def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., pinned_bytes: _Optional[int] = ..., evictable_bytes: _Optional[int] = ..., capacity_pages: _Optional[int] = ..., used_pages: _Optional[int] = ..., blocks: _Optional[int] = ..., pending_blocks: _Optional[int] = ..., evictions: _Optional[int] = ..., hit_blocks: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("version", "uptime_seconds", "tiers", "sessions", "leases", "reservations", "namespaces", "lookups", "lookup_keys", "hit_blocks", "eviction_policy")
+    __slots__ = ("version", "uptime_seconds", "tiers", "sessions", "leases", "reservations", "namespaces", "lookups", "lookup_keys", "hit_blocks", "eviction_policy", "hit_tokens", "lookup_blocks", "lookup_tokens", "prompt_blocks", "prompt_tokens")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     UPTIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
@@ -340,6 +360,11 @@ class StatsResponse(_message.Message):
     LOOKUP_KEYS_FIELD_NUMBER: _ClassVar[int]
     HIT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     EVICTION_POLICY_FIELD_NUMBER: _ClassVar[int]
+    HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOOKUP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    LOOKUP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     version: str
     uptime_seconds: float
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
@@ -351,4 +376,9 @@ class StatsResponse(_message.Message):
     lookup_keys: int
     hit_blocks: int
     eviction_policy: str
-    def __init__(self, version: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., sessions: _Optional[int] = ..., leases: _Optional[int] = ..., reservations: _Optional[int] = ..., namespaces: _Optional[int] = ..., lookups: _Optional[int] = ..., lookup_keys: _Optional[int] = ..., hit_blocks: _Optional[int] = ..., eviction_policy: _Optional[str] = ...) -> None: ...
+    hit_tokens: int
+    lookup_blocks: int
+    lookup_tokens: int
+    prompt_blocks: int
+    prompt_tokens: int
+    def __init__(self, version: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., sessions: _Optional[int] = ..., leases: _Optional[int] = ..., reservations: _Optional[int] = ..., namespaces: _Optional[int] = ..., lookups: _Optional[int] = ..., lookup_keys: _Optional[int] = ..., hit_blocks: _Optional[int] = ..., eviction_policy: _Optional[str] = ..., hit_tokens: _Optional[int] = ..., lookup_blocks: _Optional[int] = ..., lookup_tokens: _Optional[int] = ..., prompt_blocks: _Optional[int] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...

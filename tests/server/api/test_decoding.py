@@ -13,6 +13,7 @@ from kvkeeper.v1 import admin_pb2, kvkeeper_pb2
 from test_servicer_errors import register, snapshot
 
 GARBAGE = b"\xff\xff\xff"
+CLIENT_STREAM_ARTIFACT = (grpc.StatusCode.INTERNAL, "Internal error from Core")
 
 
 def methods(module: Any, service: str) -> list[tuple[str, Any]]:
@@ -48,6 +49,11 @@ async def test_every_method_answers_a_malformed_request_invalid_argument(daemon:
     async with grpc.aio.insecure_channel(f"unix:{daemon.socket_path}") as ch:
         for name, m in methods(module, service):
             err = await outcome(call_raw(ch, f"/kvkeeper.v1.{service}/{name}", m, GARBAGE))
+            if m.client_streaming and (err.code(), err.details()) == CLIENT_STREAM_ARTIFACT:
+                # grpc.aio's client can report its own INTERNAL for a client stream the
+                # server ended early (grpc/grpc#36066); what the daemon answered is
+                # checked below, in its metrics.
+                continue
             assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, err.details())
             assert err.details().startswith(f"malformed {service}/{name} request: "), err.details()
     text = daemon.metrics.render().decode()
@@ -70,8 +76,11 @@ async def test_a_garbage_chunk_after_a_good_one_aborts_the_write(daemon: Any, st
         write = ch.stream_unary("/kvkeeper.v1.KVKeeper/WriteBlocks",
                                 request_serializer=lambda b: b, response_deserializer=lambda b: b)
         err = await outcome(write(iter([good, GARBAGE])))
-    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "malformed KVKeeper/WriteBlocks request" in err.details()
+    if (err.code(), err.details()) != CLIENT_STREAM_ARTIFACT:   # see above
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "malformed KVKeeper/WriteBlocks request" in err.details()
+    line = 'kvkeeper_rpc_errors_total{code="INVALID_ARGUMENT",method="WriteBlocks"} 1.0'
+    assert line in daemon.metrics.render().decode()
     # The reservation is still the session's to finish or abort.
     await stub.AbortSave(kvkeeper_pb2.AbortSaveRequest(session_id=sid,
                                                       reservation_id=r.reservation_id))

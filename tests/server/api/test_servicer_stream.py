@@ -10,15 +10,14 @@ import pytest
 from test_servicer_errors import BLOCK, descriptor, key, register
 from test_servicer_match_blocks import data, saved
 
-from kvkeeper.server.api import servicer as servicer_mod
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 
 @pytest.mark.parametrize("chunk", [1 << 20, 5000, 4096])
 async def test_load_stream_sends_protobuf_chunks_of_the_saved_bytes(
-        daemon: Any, stub: Any, monkeypatch: Any, chunk: int) -> None:
+        daemon: Any, stub: Any, chunk: int) -> None:
     # Blocks span four pages (several extents); chunks of 5000 bytes cross them.
-    monkeypatch.setattr(servicer_mod, "STREAM_CHUNK_BYTES", chunk)
+    daemon.servicer.stream_chunk_bytes = chunk
     sid, ks = await saved(stub, 3)
     m = await stub.Match(pb.MatchRequest(session_id=sid, keys=ks, lease=True))
     got: dict = {}

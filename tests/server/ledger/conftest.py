@@ -67,12 +67,14 @@ def snapshot(led: Ledger) -> dict[str, Any]:
     sessions = {sid: (s.instance_id, bytes(s.ns.id), s.expires_at, sorted(s.leases),
                       sorted(s.reservations))
                 for sid, s in led.sessions.items()}
-    leases = {lid: (l.session.id, [_bkey(b) for b in l.blocks]) for lid, l in led.leases.items()}
+    leases = {lid: (l.session.id, [_bkey(b) for b in l.blocks], l.first)
+              for lid, l in led.leases.items()}
     reservations = {rid: (r.session.id, [None if b is None else _bkey(b) for b in r.entries],
                           r.expires_at, getattr(r, "written", None))
                     for rid, r in led.reservations.items()}
     counters = (led._sessions.issued, led._next_lease, led._next_reservation, led.lookups,
-                led.lookup_keys, led.sessions_expired, led.reservations_timed_out)
+                led.lookup_keys, led.sessions_expired, led.reservations_timed_out,
+                vars(led.usage).copy())
     return {"tiers": tiers, "namespaces": namespaces, "sessions": sessions, "leases": leases,
             "reservations": reservations, "counters": counters}
 
