@@ -58,9 +58,11 @@ CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     # A restarted daemon is usually back within a second; gRPC's default
     # reconnect backoff (1 s growing to 120 s) would outlast our retries.
+    # Capped at 0.5 s so that a daemon back from a restart is found within
+    # that (an attempt on a unix socket or a refused TCP port costs nothing).
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.max_reconnect_backoff_ms", 500),
 ]
 _TRANSPORTS = ("auto", "shm", "stream")
 _CHECKSUMS = {"crc32": pb.CHECKSUM_CRC32, "none": pb.CHECKSUM_NONE}
@@ -186,8 +188,9 @@ class AsyncClient:
                                                    name=f"kvkeeper-heartbeat-{self._session_id}")
         return self
 
-    async def close(self) -> None:
-        """Close the session (best effort), stop heartbeats, unmap, close the channel.
+    async def close(self, timeout: Optional[float] = None) -> None:
+        """Close the session (best effort, within `timeout` seconds: by default
+        the client's deadline), stop heartbeats, unmap, close the channel.
         Idempotent. The daemon releases this session's leases and reservations."""
         if self._closed:
             return
@@ -202,7 +205,8 @@ class AsyncClient:
         try:
             if self._session_id:
                 await self._stub.CloseSession(pb.CloseSessionRequest(session_id=self._session_id),
-                                              timeout=self._timeout, metadata=self._metadata)
+                                              timeout=timeout or self._timeout,
+                                              metadata=self._metadata)
         except Exception as e:  # the daemon expires the session by itself
             log.debug("CloseSession failed: %s", e)
         finally:
@@ -323,30 +327,34 @@ class AsyncClient:
                         "registered again as %s", stale_session_id, self._session_id)
             return self._session_id
 
+    async def renew(self) -> None:
+        """Heartbeat now, and register again if the daemon lost the session (it
+        restarted, or the session expired). Raises what the daemon answered
+        otherwise, e.g. UnavailableError while it is down."""
+        sid = self._session_id
+        try:
+            resp = await self._unary("Heartbeat", lambda s: pb.HeartbeatRequest(session_id=s),
+                                     retry=True, rebind=False)
+        except KVKeeperClientError as e:
+            if not is_session_lost(e):
+                raise
+            await self._reregister(sid)
+            return
+        if resp.lease_ttl_seconds > 0:
+            self._lease_ttl = resp.lease_ttl_seconds
+
     async def _heartbeat_loop(self) -> None:
-        """Renew the lease every TTL/3. Never raises: failures are logged, and a
-        lost session is registered again so the next call finds a live one."""
+        """renew() every TTL/3. Never raises: failures are logged (the next
+        heartbeat, or a call, tries again)."""
         while True:
             ttl = self._lease_ttl
             await asyncio.sleep(max(0.05, ttl / 3.0) if ttl > 0 else 10.0)
-            sid = self._session_id
             try:
-                resp = await self._unary("Heartbeat", lambda s: pb.HeartbeatRequest(session_id=s),
-                                         retry=True, rebind=False)
-                if resp.lease_ttl_seconds > 0:
-                    self._lease_ttl = resp.lease_ttl_seconds
+                await self.renew()
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                if not is_session_lost(e):
-                    log.warning("kvkeeper: heartbeat failed: %s", e)
-                    continue
-                try:
-                    await self._reregister(sid)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e2:
-                    log.warning("kvkeeper: registering again failed: %s", e2)
+                log.warning("kvkeeper: heartbeat failed: %s", e)
 
     # ---- calls
 

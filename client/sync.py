@@ -108,8 +108,9 @@ class Client:
             grpc.channel_ready_future(self._stream_channel())
         return self
 
-    def close(self) -> None:
-        """Close the session and stop the loop thread. Idempotent."""
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Close the session (CloseSession within `timeout` seconds, by default
+        the client's deadline) and stop the loop thread. Idempotent."""
         with self._close_lock:
             if self._closed:
                 return
@@ -117,7 +118,7 @@ class Client:
         if self._sync_channel is not None:
             self._sync_channel.close()
         try:
-            self._submit(self._aclient.close(), rpcs=1, check=False)
+            self._submit(self._aclient.close(timeout), rpcs=1, check=False)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             if threading.current_thread() is not self._thread:
@@ -251,6 +252,10 @@ class Client:
 
     def stats(self) -> pb.StatsResponse:
         return self._submit(self._aclient.stats())
+
+    def renew(self) -> None:
+        # a Heartbeat, and a RegisterSession when the session was lost
+        self._submit(self._aclient.renew(), rpcs=2)
 
     def health(self, service: str = "") -> str:
         return self._submit(self._aclient.health(service))

@@ -12,9 +12,10 @@ settings. Modules, one concept each:
 
   keys       chained sha256 block keys (pure Python)
   layout     the KV layout of a TP rank and its namespace descriptor (pure Python)
-  config     the kv_connector_extra_config settings (pure Python)
+  model_identity  the namespace's model id, from the model's files (pure Python)
+  config     the kv_connector_extra_config settings (kvkeeper.client.url)
   blocks     block bytes <-> vLLM's paged KV tensors (torch)
-  link       a daemon session that reconnects with backoff (kvkeeper.client)
+  link       a daemon session, probed back by a watcher after a failure (kvkeeper.client)
   releaser   lease releases on a background thread (kvkeeper.client)
   metadata   what the scheduler side tells the workers each step, and back (vLLM)
   stats      counters -> vLLM's KVConnectorStats and Prometheus metrics (vLLM)

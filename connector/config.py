@@ -12,10 +12,10 @@
 | kvkeeper_lookup_wait_s | 0.005 | longest wait for lookup answers per scheduling step, all requests together; a request still unanswered is skipped and asked again next step (0: never wait) |
 | kvkeeper_io_timeout_s | 5.0 | deadline of each load / save RPC |
 | kvkeeper_max_retries | 1 | retries of an idempotent RPC on UNAVAILABLE |
-| kvkeeper_reconnect_min_s / _max_s | 0.5 / 10 | backoff between attempts to reach a daemon that failed |
+| kvkeeper_reconnect_min_s / _max_s | 0.1 / 0.5 | after a failure, the daemon is probed at this interval (doubling from min to max) until it answers; meanwhile lookups are misses and saves are dropped |
 | kvkeeper_transport | auto | auto (shared memory on the daemon's host, else streaming), shm, stream |
 | kvkeeper_checksum | crc32 | crc32 or none |
-| kvkeeper_model_id / kvkeeper_model_revision | from vLLM | override the namespace's model identity |
+| kvkeeper_model_id / kvkeeper_model_revision | from the model's files | override the namespace's model identity (see model_identity.py) |
 | kvkeeper_load_overlap | auto | where loaded blocks are copied in and checked. on: on a connector thread on the cores vLLM's CPU backend leaves to the rest of the engine, layer by layer beside the forward; off: before the forward, in vLLM's thread; auto: on with at least 2 such cores; with 1 (which the engine core's busy polling shares: "on" measured slower there) before the forward, the connector thread doing half of it beside vLLM's thread |
 | kvkeeper_max_pending_save_mib | 256 | copied-out blocks waiting to be sent; beyond, saves are dropped |
 | kvkeeper_recompute_on_load_failure | true | set vLLM's kv_load_failure_policy to "recompute" (a cache miss must not fail a request) |
@@ -23,42 +23,118 @@
 
 kv_role picks the directions: kv_producer saves only, kv_consumer loads only,
 kv_both does both.
+
+A setting that is wrong (an unknown kvkeeper_* key, a value of the wrong
+type or out of range, a URL that cannot name a daemon) is ConfigError, which
+the connector lets stop vLLM at start-up: a typo must not turn the cache off
+silently. A daemon that cannot be reached is not a configuration error.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
-__all__ = ["ConnectorConfig"]
+from kvkeeper.client.url import parse_url
+
+__all__ = ["ConnectorConfig", "ConfigError", "KNOWN_KEYS"]
 
 _TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+_FALSE = {"0", "false", "no", "off"}
+_ROLES = ("kv_both", "kv_producer", "kv_consumer")
 
 
-def _bool(v: Any, key: str) -> bool:
+class ConfigError(ValueError):
+    """kv_connector_extra_config is invalid; the message names the key."""
+
+
+def _bool(v: Any) -> bool:
     if isinstance(v, bool):
         return v
-    s = str(v).strip().lower()
+    s = str(v).strip().lower() if isinstance(v, (str, int)) else None
     if s in _TRUE:
         return True
     if s in _FALSE:
         return False
-    raise ValueError(f"{key} must be a boolean, got {v!r}")
+    raise ValueError(f"must be a boolean (true/false), got {v!r}")
 
 
-def _nonneg(v: Any, key: str) -> float:
-    f = float(v)
-    if not f >= 0:
-        raise ValueError(f"{key} must be >= 0, got {v!r}")
+def _number(v: Any) -> float:
+    if isinstance(v, bool):   # float(True) is 1.0: a bool here is a mistake
+        raise ValueError(f"must be a number, got {v!r}")
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"must be a number, got {v!r}") from None
+    if not math.isfinite(f):
+        raise ValueError(f"must be a finite number, got {v!r}")
     return f
 
 
-def _pos(v: Any, key: str) -> float:
-    f = float(v)
-    if not f > 0:
-        raise ValueError(f"{key} must be > 0, got {v!r}")
+def _nonneg(v: Any) -> float:
+    f = _number(v)
+    if f < 0:
+        raise ValueError(f"must be >= 0, got {v!r}")
     return f
+
+
+def _pos(v: Any) -> float:
+    f = _number(v)
+    if f <= 0:
+        raise ValueError(f"must be > 0, got {v!r}")
+    return f
+
+
+def _count(v: Any) -> int:
+    f = _nonneg(v)
+    if f != int(f):
+        raise ValueError(f"must be a whole number, got {v!r}")
+    return int(f)
+
+
+def _choice(*options: str) -> Callable[[Any], str]:
+    def parse(v: Any) -> str:
+        if not isinstance(v, str) or v not in options:
+            raise ValueError(f"must be one of {', '.join(options)}, got {v!r}")
+        return v
+    return parse
+
+
+def _text(v: Any) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError(f"must be a non-empty string, got {v!r}")
+    return v
+
+
+def _url(v: Any) -> str:
+    if not isinstance(v, str):
+        raise ValueError(f"must be a string, got {v!r}")
+    parse_url(v)   # ValueError listing the accepted forms
+    return v
+
+
+# key -> (field, parser, default); the default is parsed too. Fields without
+# a key (load, save) come from kv_role.
+_SPEC: Dict[str, Tuple[str, Callable[[Any], Any], Any]] = {
+    "kvkeeper_url": ("url", _url, None),
+    "kvkeeper_lookup_timeout_s": ("lookup_timeout_s", _pos, 1.0),
+    "kvkeeper_lookup_wait_s": ("lookup_wait_s", _nonneg, 0.005),
+    "kvkeeper_io_timeout_s": ("io_timeout_s", _pos, 5.0),
+    "kvkeeper_max_retries": ("max_retries", _count, 1),
+    "kvkeeper_reconnect_min_s": ("reconnect_min_s", _pos, 0.1),
+    "kvkeeper_reconnect_max_s": ("reconnect_max_s", _pos, 0.5),
+    "kvkeeper_transport": ("transport", _choice("auto", "shm", "stream"), "auto"),
+    "kvkeeper_checksum": ("checksum", _choice("crc32", "none"), "crc32"),
+    "kvkeeper_model_id": ("model_id", _text, None),
+    "kvkeeper_model_revision": ("model_revision", _text, None),
+    "kvkeeper_max_pending_save_mib": ("max_pending_save_bytes",
+                                      lambda v: int(_pos(v) * (1 << 20)), 256),
+    "kvkeeper_load_overlap": ("load_overlap", _choice("auto", "on", "off"), "auto"),
+    "kvkeeper_recompute_on_load_failure": ("recompute_on_load_failure", _bool, True),
+    "kvkeeper_report": ("report", _bool, False),
+}
+KNOWN_KEYS = tuple(sorted(_SPEC))
 
 
 @dataclass(frozen=True)
@@ -68,8 +144,8 @@ class ConnectorConfig:
     lookup_wait_s: float = 0.005
     io_timeout_s: float = 5.0
     max_retries: int = 1
-    reconnect_min_s: float = 0.5
-    reconnect_max_s: float = 10.0
+    reconnect_min_s: float = 0.1
+    reconnect_max_s: float = 0.5
     transport: str = "auto"
     checksum: str = "crc32"
     model_id: Optional[str] = None
@@ -84,62 +160,35 @@ class ConnectorConfig:
     @classmethod
     def from_extra(cls, extra: Optional[Mapping[str, Any]], kv_role: Optional[str] = None,
                    env: Optional[Mapping[str, str]] = None) -> "ConnectorConfig":
-        """Parse the extra config; ValueError names the bad key."""
+        """Parse the extra config; ConfigError names the bad key (and, for an
+        unknown one, lists the known keys)."""
+        if extra is not None and not isinstance(extra, Mapping):
+            raise ConfigError(f"kv_connector_extra_config must be a JSON object, got {extra!r}")
         extra = dict(extra or {})
         env = os.environ if env is None else env
-        url = str(extra.get("kvkeeper_url") or env.get("KVKEEPER_URL") or "")
-        if not url:
-            raise ValueError("kvkeeper_url is not set: add it to kv_connector_extra_config "
-                             "(e.g. \"unix:///run/kvkeeper/kvkeeper.sock\") or set KVKEEPER_URL")
-        unknown = sorted(k for k in extra if k.startswith("kvkeeper_") and k not in _KEYS)
+        unknown = sorted(k for k in extra if str(k).startswith("kvkeeper_") and k not in _SPEC)
         if unknown:
-            raise ValueError(f"unknown kv_connector_extra_config key(s) {unknown}; "
-                             f"known: {sorted(_KEYS)}")
-        transport = str(extra.get("kvkeeper_transport", "auto"))
-        if transport not in ("auto", "shm", "stream"):
-            raise ValueError(f"kvkeeper_transport must be auto, shm or stream, got {transport!r}")
-        checksum = str(extra.get("kvkeeper_checksum", "crc32"))
-        if checksum not in ("crc32", "none"):
-            raise ValueError(f"kvkeeper_checksum must be crc32 or none, got {checksum!r}")
-        overlap = str(extra.get("kvkeeper_load_overlap", "auto"))
-        if overlap not in ("auto", "on", "off"):
-            raise ValueError(f"kvkeeper_load_overlap must be auto, on or off, got {overlap!r}")
-        retries = int(extra.get("kvkeeper_max_retries", 1))
-        if retries < 0:
-            raise ValueError(f"kvkeeper_max_retries must be >= 0, got {retries}")
-        rmin = _pos(extra.get("kvkeeper_reconnect_min_s", 0.5), "kvkeeper_reconnect_min_s")
-        rmax = _pos(extra.get("kvkeeper_reconnect_max_s", 10.0), "kvkeeper_reconnect_max_s")
+            raise ConfigError(f"unknown kv_connector_extra_config key(s) {', '.join(unknown)}; "
+                              f"known keys: {', '.join(KNOWN_KEYS)}")
+        if extra.get("kvkeeper_url") in (None, "") and env.get("KVKEEPER_URL"):
+            extra["kvkeeper_url"] = env["KVKEEPER_URL"]
+        if extra.get("kvkeeper_url") in (None, ""):
+            raise ConfigError("kvkeeper_url is not set: add it to kv_connector_extra_config "
+                              "(e.g. \"unix:///run/kvkeeper/kvkeeper.sock\") or set KVKEEPER_URL")
         role = kv_role or "kv_both"
-        model_id = extra.get("kvkeeper_model_id")
-        revision = extra.get("kvkeeper_model_revision")
-        return cls(
-            url=url,
-            lookup_timeout_s=_pos(extra.get("kvkeeper_lookup_timeout_s", 1.0),
-                                  "kvkeeper_lookup_timeout_s"),
-            lookup_wait_s=_nonneg(extra.get("kvkeeper_lookup_wait_s", 0.005),
-                                  "kvkeeper_lookup_wait_s"),
-            io_timeout_s=_pos(extra.get("kvkeeper_io_timeout_s", 5.0), "kvkeeper_io_timeout_s"),
-            max_retries=retries,
-            reconnect_min_s=rmin,
-            reconnect_max_s=max(rmin, rmax),
-            transport=transport,
-            checksum=checksum,
-            model_id=None if model_id is None else str(model_id),
-            model_revision=None if revision is None else str(revision),
-            max_pending_save_bytes=int(_pos(extra.get("kvkeeper_max_pending_save_mib", 256),
-                                            "kvkeeper_max_pending_save_mib") * (1 << 20)),
-            load_overlap=overlap,
-            recompute_on_load_failure=_bool(extra.get("kvkeeper_recompute_on_load_failure", True),
-                                            "kvkeeper_recompute_on_load_failure"),
-            report=_bool(extra.get("kvkeeper_report", False), "kvkeeper_report"),
-            load=role in ("kv_both", "kv_consumer"),
-            save=role in ("kv_both", "kv_producer"),
-        )
-
-
-_KEYS = {"kvkeeper_url", "kvkeeper_lookup_timeout_s", "kvkeeper_lookup_wait_s",
-         "kvkeeper_io_timeout_s",
-         "kvkeeper_max_retries", "kvkeeper_reconnect_min_s", "kvkeeper_reconnect_max_s",
-         "kvkeeper_transport", "kvkeeper_checksum", "kvkeeper_model_id",
-         "kvkeeper_model_revision", "kvkeeper_max_pending_save_mib", "kvkeeper_load_overlap",
-         "kvkeeper_recompute_on_load_failure", "kvkeeper_report"}
+        if role not in _ROLES:
+            raise ConfigError(f"kv_role must be one of {', '.join(_ROLES)}, got {role!r}")
+        fields: Dict[str, Any] = {}
+        for key, (name, parse, default) in _SPEC.items():
+            value = extra.get(key, default)
+            if value is None:
+                continue
+            try:
+                fields[name] = parse(value)
+            except ValueError as e:
+                raise ConfigError(f"kv_connector_extra_config {key}: {e}") from None
+        # A min above the (default) max raises the max: probing more often
+        # than asked is not what the user meant.
+        fields["reconnect_max_s"] = max(fields["reconnect_min_s"], fields["reconnect_max_s"])
+        return cls(load=role in ("kv_both", "kv_consumer"),
+                   save=role in ("kv_both", "kv_producer"), **fields)

@@ -4,9 +4,12 @@ vLLM creates one per role: SCHEDULER in the engine core, WORKER in every
 worker process. This class only dispatches to SchedulerSide / WorkerSide and
 makes sure nothing the connector does can take vLLM down: every entry point
 is wrapped, an exception is logged (rate-limited) and becomes "no hit" /
-"no save" / "these blocks failed to load, recompute them". A configuration
-or layout the connector cannot serve disables it, with an error in the log,
-instead of failing the engine's start.
+"no save" / "these blocks failed to load, recompute them". A layout the
+connector cannot serve disables it, with an error in the log, instead of
+failing the engine's start; so does a daemon that cannot be reached (every
+lookup is a miss until it answers). An invalid kv_connector_extra_config is
+the exception: it raises ConfigError from the constructor, which stops vLLM
+at start-up, because a typo would otherwise turn the cache off unnoticed.
 """
 from __future__ import annotations
 
@@ -23,9 +26,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
                                                                KVConnectorWorkerMetadata)
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from .config import ConnectorConfig
+from .config import ConfigError, ConnectorConfig
 from .layout import KVLayout, layout_from_config, namespace_descriptor
 from .link import DaemonLink
+from .model_identity import model_identity
 from .metadata import KVKeeperConnectorMetadata
 from .scheduler import SchedulerSide
 from .stats import KVKeeperPromMetrics, KVKeeperStats
@@ -127,9 +131,9 @@ class KVKeeperConnector(KVConnectorBase_V1):
         ktc = self._kv_transfer_config
         try:
             cfg = ConnectorConfig.from_extra(ktc.kv_connector_extra_config, ktc.kv_role)
-        except Exception as e:
-            self._disable(f"bad configuration: {e}")
-            return
+        except ConfigError as e:
+            log.error("kvkeeper: %s", e)
+            raise ConfigError(f"KVKeeperConnector cannot start: {e}") from None
         if role == KVConnectorRole.SCHEDULER and cfg.recompute_on_load_failure \
                 and getattr(ktc, "kv_load_failure_policy", "recompute") != "recompute":
             # The scheduler reads the policy right after creating its connector.
@@ -178,17 +182,25 @@ class KVKeeperConnector(KVConnectorBase_V1):
                           checksum=cfg.checksum, reconnect_min_s=cfg.reconnect_min_s,
                           reconnect_max_s=cfg.reconnect_max_s, name=f"kvkeeper[{what}]")
 
-    def _namespace(self, cfg: ConnectorConfig, layout: KVLayout, rank: int,
+    def _model_id(self, cfg: ConnectorConfig) -> str:
+        model = str(getattr(self._vllm_config.model_config, "model", "") or "")
+        ident = model_identity(model, cfg.model_id)
+        log.info("kvkeeper: model identity %r, from %s (engines share blocks only with the "
+                 "same identity; kvkeeper_model_id sets it)", ident.model_id, ident.source)
+        return ident.model_id
+
+    def _namespace(self, cfg: ConnectorConfig, layout: KVLayout, model_id: str, rank: int,
                    size: int) -> Dict[str, Any]:
         return namespace_descriptor(self._vllm_config, layout, tp_rank=rank, tp_size=size,
-                                    model_id=cfg.model_id, model_revision=cfg.model_revision)
+                                    model_id=model_id, model_revision=cfg.model_revision)
 
     def _tp_size(self) -> int:
         return int(getattr(self._vllm_config.parallel_config, "tensor_parallel_size", 1) or 1)
 
     def _build_scheduler(self, cfg: ConnectorConfig, layout: KVLayout) -> SchedulerSide:
         size = self._tp_size()
-        nss = [self._namespace(cfg, layout, r, size) for r in range(size)]
+        mid = self._model_id(cfg)
+        nss = [self._namespace(cfg, layout, mid, r, size) for r in range(size)]
         links = [self._link(cfg, ns, cfg.lookup_timeout_s, f"scheduler tp{r}")
                  for r, ns in enumerate(nss)]
         log.info("kvkeeper: scheduler side for %s, namespace %s", cfg.url, nss[0])
@@ -202,7 +214,7 @@ class KVKeeperConnector(KVConnectorBase_V1):
         if size > 1:
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
             rank = get_tensor_model_parallel_rank()
-        ns = self._namespace(cfg, layout, rank, size)
+        ns = self._namespace(cfg, layout, self._model_id(cfg), rank, size)
         link = self._link(cfg, ns, cfg.io_timeout_s, f"worker tp{rank}")
         return WorkerSide(cfg, layout, rank, link)
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
+from .model_identity import model_identity
+
 __all__ = ["KVLayout", "UnsupportedLayout", "layout_from_config", "namespace_descriptor",
            "parallel_ranks"]
 
@@ -120,15 +122,16 @@ def namespace_descriptor(vllm_config: Any, layout: KVLayout, *, tp_rank: int, tp
                          model_revision: Optional[str] = None) -> Dict[str, Any]:
     """The NamespaceDescriptor (as a dict) of one TP rank.
 
-    model_id defaults to the model name or path vLLM was started with, and the
-    revision to its revision plus the quantisation method: weights that differ
-    produce different KV for the same tokens. Override both (extra config
-    kvkeeper_model_id / kvkeeper_model_revision) when instances load the same
-    weights from different paths.
+    model_id defaults to the identity of the model vLLM was started with: for
+    local files a digest of their content, so the same files under another
+    path or on another host give the same id; else the name (see
+    model_identity.py). The revision defaults to vLLM's revision plus the
+    quantisation method: weights that differ produce different KV for the
+    same tokens. kvkeeper_model_id / kvkeeper_model_revision override them.
     """
     mc = vllm_config.model_config
     if model_id is None:
-        model_id = str(getattr(mc, "model", "") or "")
+        model_id = model_identity(str(getattr(mc, "model", "") or "")).model_id
     if model_revision is None:
         model_revision = str(getattr(mc, "revision", None) or "")
         quant = getattr(mc, "quantization", None)

@@ -1,16 +1,23 @@
-"""A session with the daemon that may not be there: lazy connect, backoff, circuit breaker.
+"""A session with the daemon that may not be there: lazy connect, circuit breaker, a watcher.
 
 vLLM must keep serving (by recomputing) while the daemon is down, slow or
 restarting, and must start even when the daemon is not up yet. `DaemonLink`
 wraps kvkeeper.client.Client for that:
 
 * nothing connects until the first use (no gRPC channel exists across the
-  forks vLLM makes at start-up); a failed connect is retried, with backoff,
-  on a later use;
-* after a transport failure (UNAVAILABLE, a deadline, ...) the link answers
-  LinkDown at once for a backoff period (0.5 s doubling to 10 s by default)
-  instead of letting every lookup wait for the dead daemon; the next call
-  after the period is the probe; a success resets the backoff;
+  forks vLLM makes at start-up); a failed connect is retried on a later use,
+  no sooner than a backoff period (reconnect_min_s doubling to
+  reconnect_max_s: 0.1 s to 0.5 s by default);
+* after a transport failure (UNAVAILABLE, a deadline, ...) of a connected
+  session the breaker opens: every call answers LinkDown at once, so no
+  lookup waits for a dead or hung daemon. A watcher thread then probes the
+  daemon (Client.renew: a heartbeat that registers a new session when the
+  daemon lost ours) at the same backoff, and the first probe that succeeds
+  closes the breaker: recovery follows the daemon coming back, within one
+  probe interval (<= reconnect_max_s) plus the channel's own reconnect
+  backoff (<= 0.5 s, client/aio.py), and the session, with its new
+  shared-memory arena, is already registered again for the next call. A
+  hung daemon costs the watcher one deadline per probe, never a caller;
 * what the client already does is left to it: retrying idempotent calls,
   reconnecting the channel, registering again after the daemon restarted or
   the session expired, falling back from shared memory to streaming;
@@ -19,14 +26,20 @@ wraps kvkeeper.client.Client for that:
   thread hop costs about 0.1 ms per call (median, measured on a busy 2-core
   CPU: a 64-key Match went from about 1.4 to 1.55 ms); the breaker applies as
   for `call`: while it is open the Future is already failed with LinkDown and
-  nothing is queued.
+  nothing is queued;
+* `close` closes the session with a short deadline (the daemon frees its
+  leases at once, not after the lease TTL) and is also run at interpreter
+  exit for links still open, so an engine that shuts down without calling
+  the connector's shutdown() frees its leases too.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import queue
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 from typing import Any, Callable, Mapping, Optional, TypeVar
 
@@ -47,8 +60,16 @@ _TRANSPORT_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEED
                     grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED}
 
 
+# Seconds a closing link gives CloseSession: shutdown must not hold an engine
+# that vLLM kills after a few seconds (its workers get 5 s by default).
+CLOSE_TIMEOUT_S = 0.5
+
+_open_links: "weakref.WeakSet[DaemonLink]" = weakref.WeakSet()
+
+
 class LinkDown(Exception):
-    """No usable session right now: never connected yet, connecting, or backing off."""
+    """No usable session right now: never connected yet, connecting, or the
+    daemon failed and has not answered a probe since."""
 
 
 def is_transport_failure(exc: BaseException) -> bool:
@@ -62,15 +83,20 @@ def is_transport_failure(exc: BaseException) -> bool:
     return isinstance(exc, (OSError, RuntimeError, TimeoutError))
 
 
+def _wait(event: threading.Event, seconds: float) -> bool:
+    return event.wait(seconds)
+
+
 class DaemonLink:
-    """One namespace's session with the daemon, reconnected with backoff."""
+    """One namespace's session with the daemon, probed back after a failure."""
 
     def __init__(self, url: str, namespace: Mapping[str, Any], *, instance_id: str,
                  timeout: float, max_retries: int = 1, transport: str = "auto",
-                 checksum: str = "crc32", reconnect_min_s: float = 0.5,
-                 reconnect_max_s: float = 10.0, name: str = "kvkeeper",
+                 checksum: str = "crc32", reconnect_min_s: float = 0.1,
+                 reconnect_max_s: float = 0.5, name: str = "kvkeeper",
                  connect: Optional[Callable[..., Any]] = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 wait: Callable[[threading.Event, float], bool] = _wait) -> None:
         self.url = url
         self.namespace = dict(namespace)
         self.name = name
@@ -93,12 +119,23 @@ class DaemonLink:
         self._connected_once = False   # until then, a connect may block its caller
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()   # for submit()
         self._worker: Optional[threading.Thread] = None
+        self._down = False          # the breaker: open until a probe succeeds
+        self._watcher: Optional[threading.Thread] = None
+        self._wake = threading.Event()   # set by close(): the watcher stops
+        self._wait = wait           # wait(event, seconds) -> whether it was set
+        self.probes = 0             # probes made (tests, logs)
+        _open_links.add(self)
 
     # ---- state
 
     @property
     def connected(self) -> bool:
         return self._client is not None
+
+    @property
+    def up(self) -> bool:
+        """Connected, and no failure since the last success."""
+        return self._client is not None and not self._down and not self._closed
 
     def session_id(self) -> str:
         c = self._client
@@ -114,17 +151,56 @@ class DaemonLink:
         if self._failing:
             log.info("%s: daemon at %s reachable again", self.name, self.url)
         self._failing = False
+        self._down = False
         self._delay = self._min
         self._not_before = 0.0
 
     def _report(self, what: str, exc: BaseException, delay: float) -> None:
         if not self._failing:
-            log.warning("%s: %s failed (%s); continuing without the daemon, retrying in "
-                        "%.1f s with backoff", self.name, what, exc, delay)
+            log.warning("%s: %s failed (%s); continuing without the daemon, probing it every "
+                        "%.1f-%.1f s", self.name, what, exc, delay, self._max)
         else:
             log.debug("%s: %s failed again (%s); next try in %.1f s", self.name, what, exc,
                       delay)
         self._failing = True
+
+    # ---- the breaker and its watcher
+
+    def _trip(self, what: str, exc: BaseException) -> None:
+        """A connected session failed: answer LinkDown until a probe succeeds."""
+        with self._lock:
+            if self._closed or self._client is None:
+                return
+            self._report(what, exc, self._min)
+            self._down = True
+            if self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch, name=f"{self.name}-watch",
+                                                 daemon=True)
+                self._watcher.start()
+
+    def _watch(self) -> None:
+        delay = self._min
+        while True:
+            if self._wait(self._wake, delay):
+                return   # closed
+            with self._lock:
+                client = self._client
+                if self._closed or client is None or not self._down:
+                    self._watcher = None
+                    return
+            self.probes += 1
+            try:
+                client.renew()
+            except Exception as e:  # noqa: BLE001 - still down (or hung): probe again
+                log.debug("%s: probe failed (%s); next in %.1f s", self.name, e,
+                          min(self._max, delay * 2))
+                delay = min(self._max, delay * 2)
+                continue
+            with self._lock:
+                self._watcher = None
+                if not self._closed:
+                    self._ok()
+            return
 
     # ---- connecting
 
@@ -178,6 +254,8 @@ class DaemonLink:
         with self._lock:
             if self._closed:
                 raise LinkDown("link closed")
+            if self._down:
+                raise LinkDown("daemon unreachable; probing it")
             now = self._clock()
             if now < self._not_before:
                 raise LinkDown(f"daemon unreachable; next try in {self._not_before - now:.1f} s")
@@ -202,17 +280,11 @@ class DaemonLink:
         """fn(client); a transport failure opens the breaker and propagates."""
         c = self.client(wait)
         try:
-            out = fn(c)
+            return fn(c)
         except Exception as e:
             if is_transport_failure(e):
-                with self._lock:
-                    delay = self._backoff(self._clock())
-                    self._report(what, e, delay)
+                self._trip(what, e)
             raise
-        if self._failing:
-            with self._lock:
-                self._ok()
-        return out
 
     def submit(self, fn: Callable[[Any], T], what: str) -> Future[T]:
         """call(fn, what) on this link's thread; returns its Future at once.
@@ -229,6 +301,9 @@ class DaemonLink:
         with self._lock:
             if self._closed:
                 fut.set_exception(LinkDown("link closed"))
+                return fut
+            if self._down:
+                fut.set_exception(LinkDown("daemon unreachable; probing it"))
                 return fut
             now = self._clock()
             if now < self._not_before:
@@ -257,13 +332,16 @@ class DaemonLink:
             else:
                 fut.set_result(out)
 
-    def close(self) -> None:
-        """Close the session (the daemon releases its leases). Idempotent; never
-        waits for a call in progress on the submit thread."""
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Close the session (the daemon releases its leases at once), giving
+        CloseSession `timeout` seconds. Idempotent; never waits for a call in
+        progress on the submit thread."""
         with self._lock:
             self._closed = True
             client, self._client = self._client, None
             worker, self._worker = self._worker, None
+        self._wake.set()
+        _open_links.discard(self)
         if worker is not None:
             while True:   # fail what is still queued; the thread ends at _STOP
                 try:
@@ -274,11 +352,19 @@ class DaemonLink:
                     item[0].set_exception(LinkDown("link closed"))
             self._jobs.put(_STOP)
         if client is not None:
-            _close_quietly(client)
+            _close_quietly(client, timeout)
 
 
-def _close_quietly(client: Any) -> None:
+def _close_quietly(client: Any, timeout: float = CLOSE_TIMEOUT_S) -> None:
     try:
-        client.close()
+        client.close(timeout=timeout)
     except Exception as e:  # the daemon expires the session by itself
         log.debug("kvkeeper: closing the client failed: %s", e)
+
+
+@atexit.register
+def _close_open_links() -> None:
+    """At interpreter exit, close the sessions nobody closed (an engine that
+    exits without the connector's shutdown): their leases are freed now."""
+    for link in list(_open_links):
+        link.close()

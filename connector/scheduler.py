@@ -488,7 +488,7 @@ class SchedulerSide:
             self._release(lease)
         self._inflight.clear()
         for r in self.releasers:
-            r.close(timeout=2.0)
+            r.close(timeout=0.5)   # closing the session frees whatever is left
         for link in self.links:
             link.close()
 

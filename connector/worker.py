@@ -704,7 +704,7 @@ class WorkerSide:
     def take_stats(self) -> Optional[KVKeeperStats]:
         return self.counters.take()
 
-    def shutdown(self, timeout: float = 5.0) -> None:
+    def shutdown(self, timeout: float = 1.0) -> None:
         try:
             self._settle()
             self.copy_out_for(set(self._save_jobs))
@@ -715,6 +715,6 @@ class WorkerSide:
         if self._saver is not None:
             self._saver.close(timeout)
         if self.releaser is not None:
-            self.releaser.close(2.0)
+            self.releaser.close(0.5)   # closing the session frees whatever is left
         if self.link is not None:
             self.link.close()

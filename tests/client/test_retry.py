@@ -137,6 +137,7 @@ class Flaky(pb_grpc.KVKeeperServicer):
         return pb.HeartbeatResponse(lease_ttl_seconds=self.ttl)
 
     async def CloseSession(self, request, context):
+        self.close_deadline = context.time_remaining()
         return pb.CloseSessionResponse()
 
     async def Match(self, request, context):
@@ -269,6 +270,30 @@ async def test_heartbeat_registers_again():
             assert c.session_id == "s2"  # INTERNAL is only logged
     finally:
         await server.stop(None)
+
+
+async def test_renew_registers_again_after_a_restart_and_raises_while_down(flaky):
+    fake, url = flaky
+    async with await AsyncClient.connect(url, NS, transport="stream", max_retries=1) as c:
+        await c.renew()
+        assert c.session_id == "s1" and fake.calls["RegisterSession"] == 1
+        fake.sessions.append("restarted")   # the daemon forgot s1
+        await c.renew()
+        assert c.session_id == "s3" and fake.calls["RegisterSession"] == 2
+        fake.faults["Heartbeat"] = [(U, "down")] * 2   # every try of the one retry
+        with pytest.raises(UnavailableError):
+            await c.renew()
+        assert c.session_id == "s3"
+
+
+async def test_close_gives_close_session_the_deadline_asked_for(flaky):
+    fake, url = flaky
+    c = await AsyncClient.connect(url, NS, transport="stream", timeout=30.0)
+    await c.close(timeout=0.5)
+    assert 0 < fake.close_deadline < 1.0   # the deadline sent, not a duration measured
+    c = await AsyncClient.connect(url, NS, transport="stream", timeout=30.0)
+    await c.close()
+    assert fake.close_deadline > 10.0
 
 
 async def test_shm_transport_requires_an_arena(flaky):

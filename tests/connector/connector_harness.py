@@ -58,8 +58,9 @@ class DaemonProcess:
     """`kvkeeper serve` on a unix socket, as a subprocess that tests may kill."""
 
     def __init__(self, socket_path: str, capacity: str = "128MiB", page: str = "64KiB",
-                 log_path: Optional[str] = None) -> None:
+                 log_path: Optional[str] = None, metrics: str = "") -> None:
         self.socket_path = socket_path
+        self.metrics = metrics  # "host:port" of /metrics; "" disables it
         self.url = f"unix://{socket_path}"
         self.capacity = capacity
         self.page = page
@@ -73,8 +74,8 @@ class DaemonProcess:
         log = open(self.log_path, "a")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kvkeeper.server.cli", "serve", "--socket", self.socket_path,
-             "--tcp", "", "--metrics", "", "--capacity", self.capacity, "--page-size", self.page,
-             "--set", f"host_tier.name={name}"],
+             "--tcp", "", "--metrics", self.metrics, "--capacity", self.capacity,
+             "--page-size", self.page, "--set", f"host_tier.name={name}"],
             stdout=log, stderr=subprocess.STDOUT)
         log.close()
         deadline = time.monotonic() + timeout
@@ -135,10 +136,11 @@ class EngineProcess:
     """engine_script.py in a subprocess, driven one JSON line at a time."""
 
     def __init__(self, model_dir: str, url: str = "", log_path: Optional[str] = None,
-                 env: Optional[Dict[str, str]] = None, ready_timeout: float = 300.0) -> None:
+                 env: Optional[Dict[str, str]] = None, ready_timeout: float = 300.0,
+                 extra: Optional[Dict[str, Any]] = None) -> None:
         cmd = [sys.executable, str(ENGINE_SCRIPT), "--model", model_dir]
         if url:
-            cmd += ["--url", url, "--report"]
+            cmd += ["--url", url, "--report", "--extra", json.dumps(extra or {})]
         self.log_path = log_path or os.path.join(model_dir, f"engine-{uuid.uuid4().hex[:6]}.log")
         full_env = dict(os.environ)
         full_env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -196,6 +198,11 @@ class EngineProcess:
 
     def metrics(self) -> Dict[str, float]:
         return self.call(cmd="metrics")["metrics"]
+
+    def terminate(self, timeout: float = 60.0) -> int:
+        """SIGTERM (how `vllm serve` is stopped) and wait for the exit; returns its code."""
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
 
     def close(self) -> None:
         if self.proc.poll() is None:

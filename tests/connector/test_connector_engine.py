@@ -13,12 +13,15 @@ Set KVKEEPER_TEST_KEEP_LOGS=1 to keep the engines' and the daemon's logs.
 from __future__ import annotations
 
 import os
+import queue
 import random
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import pytest
@@ -125,7 +128,7 @@ def cluster() -> Iterator[Cluster]:
                        "metrics": c.a.metrics()}
         daemon.start()
         # A's link backs off after the failed attempts above: wait until its
-        # saves land (the backoff is capped at 2 s in engine_script).
+        # saves land (the backoff is capped at 0.5 s by default).
         deadline = time.monotonic() + 60
         i = 0
         while daemon.stats().tiers[0].blocks == 0:
@@ -141,6 +144,26 @@ def cluster() -> Iterator[Cluster]:
             print(f"connector engine test logs kept in {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_an_invalid_extra_config_stops_vllm_at_start_up() -> None:
+    """A typo in a kvkeeper_* key must not leave vLLM serving uncached: the
+    engine does not start, and its log names the key and the known keys."""
+    from engine_script import write_tiny_llama
+
+    tmp = short_tmpdir()
+    try:
+        write_tiny_llama(f"{tmp}/model")
+        log = f"{tmp}/engine-bad-config.log"
+        with pytest.raises(RuntimeError, match="engine exited"):
+            # the daemon's absence is not the reason: it never stops vLLM
+            EngineProcess(f"{tmp}/model", f"unix://{tmp}/none.sock", log,
+                          ready_timeout=STARTUP_S, extra={"kvkeeper_lookup_timout_s": 2})
+        text = Path(log).read_text()
+        assert "ConfigError" in text and "kvkeeper_lookup_timout_s" in text
+        assert "known keys: kvkeeper_checksum" in text and "kvkeeper_lookup_timeout_s" in text
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_engines_start_and_serve_without_the_daemon(cluster: Cluster) -> None:
@@ -332,3 +355,122 @@ def test_daemon_hit_tokens_equal_vllms_when_vllms_own_cache_holds_part(cluster: 
     assert daemon == sum(vllm.values()) + last_token_rule
     assert s1.lookup_tokens - s0.lookup_tokens == asked * BS
     assert s1.prompt_tokens - s0.prompt_tokens == prompts
+
+
+def test_hits_resume_within_5_s_of_a_daemon_restart_under_live_traffic(cluster: Cluster) -> None:
+    """A serves fresh prompts back to back, two per call, and B serves those A
+    served since B's last call (a hit when B finds A's blocks). The daemon is
+    SIGKILLed and, 1 s later, restarted (empty) while both keep serving: no
+    request fails, every output of B equals A's, the four engine sessions are
+    registered again, and B hits again within 5 s of the new daemon answering."""
+    stop = threading.Event()
+    served: "queue.Queue[Tuple[float, List[Tuple[List[int], List[int]]]]]" = queue.Queue()
+    b_runs: List[Tuple[float, float, int, bool]] = []   # start, end, best hit, same outputs
+    errors: List[str] = []
+    if cluster._client is not None:   # only the engines' sessions are counted below
+        cluster._client.close()
+        cluster._client = None
+
+    def run_a() -> None:
+        i = 0
+        while not stop.is_set():
+            ps = [prompt(f"live-{i}-{j}", 70) for j in range(2)]   # 2 full blocks each
+            try:
+                r = cluster.a.generate(ps, 2)
+            except Exception as e:  # noqa: BLE001 - a failed request fails the test
+                errors.append(f"A: {e}")
+                return
+            served.put((time.monotonic(), list(zip(ps, r["outputs"]))))
+            i += 1
+
+    def since_last() -> Tuple[float, List[Tuple[List[int], List[int]]]]:
+        """What A served since B's last call (the newest 4 prompts)."""
+        done, items = 0.0, []
+        try:
+            done, items = served.get(timeout=0.5)
+            while True:
+                done, more = served.get_nowait()
+                items = items + more
+        except queue.Empty:
+            pass
+        return done, items[-4:]
+
+    def run_b() -> None:
+        while not stop.is_set():
+            done, items = since_last()
+            if not items:
+                continue
+            time.sleep(max(0.0, done + 0.1 - time.monotonic()))   # A's save is asynchronous
+            t0 = time.monotonic()
+            try:
+                r = cluster.b.generate([p for p, _ in items], 2)
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"B: {e}")
+                return
+            hit = max(rep["kvkeeper"]["hit_tokens"] for rep in r["reports"])
+            same = all(out == want for out, (_, want) in zip(r["outputs"], items))
+            b_runs.append((t0, time.monotonic(), hit, same))
+
+    def first_hit_after(t: float, timeout: float) -> Optional[float]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not errors:
+            for start, end, hit, _ in list(b_runs):
+                if end > t and hit > 0:
+                    return end
+            time.sleep(0.02)
+        return None
+
+    threads = [threading.Thread(target=run_a), threading.Thread(target=run_b)]
+    for t in threads:
+        t.start()
+    sessions_back: Optional[float] = None
+    try:
+        assert first_hit_after(0.0, 60.0) is not None, f"no hits before the kill {errors}"
+        t_kill = time.monotonic()
+        cluster.daemon.kill()
+        time.sleep(1.0)                                  # traffic against no daemon
+        t_restart = time.monotonic()
+        cluster.daemon.start()
+        t_up = time.monotonic()
+        deadline = t_up + 30.0
+        while time.monotonic() < deadline:
+            if cluster.daemon.stats().sessions >= 4:    # A's and B's scheduler and worker
+                sessions_back = time.monotonic()
+                break
+            time.sleep(0.02)
+        resumed = first_hit_after(t_up, 60.0)
+        time.sleep(2.0)                                  # and traffic goes on after it
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(180)
+    assert not errors, errors
+    assert resumed is not None, "hits did not resume after the daemon restarted"
+    during = [r for r in b_runs if t_kill < r[1] and r[0] < t_up]
+    calls = [r[1] - r[0] for r in b_runs]
+    print(f"\nkvkeeper daemon restart: hits resumed {resumed - t_up:.2f} s after the new daemon "
+          f"answered ({resumed - t_restart:.2f} s after it was started, "
+          f"{resumed - t_kill:.2f} s after the kill); the 4 engine sessions were back after "
+          + (f"{sessions_back - t_up:.2f} s" if sessions_back else "more than 30 s")
+          + f"; B made {len(b_runs)} calls ({len(during)} during the outage, median "
+          f"{sorted(calls)[len(calls) // 2]:.2f} s), none failed")
+    assert all(same for *_, same in b_runs), "an output of B differs from A's"
+    assert sessions_back is not None, "the engines did not register again"
+    assert resumed - t_up <= 5.0
+    cluster.wait_no_leases()
+
+
+def test_a_terminated_engine_closes_its_sessions_at_once(cluster: Cluster) -> None:
+    """SIGTERM (vLLM's shutdown) closes the engine's sessions: the daemon frees
+    them and their leases when the engine exits, not a lease TTL (30 s) later.
+    Runs last: it stops engine B."""
+    p = prompt("last-b", 100)
+    b = one(cluster.b, p, 4)                 # B's scheduler looks up, its worker saves
+    cluster.wait_stored(report_keys(b["report"], p)[:3])
+    before = cluster.daemon.stats().sessions
+    assert cluster.b.terminate() == 0
+    after = cluster.daemon.stats()
+    # B's scheduler and worker sessions are gone at once; A's and this test's stay
+    assert before - after.sessions == 2, (before, after.sessions)
+    assert after.leases == 0
+    assert one(cluster.a, prompt("after-b", 40), 2)["tokens"], "A still serves"

