@@ -24,7 +24,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (Any, AsyncIterator, Callable, List, Mapping, Optional, Sequence, Tuple,
+                    Union)
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -37,9 +38,13 @@ from .checksum import ALGOS, byte_view
 from .errors import (ChecksumError, FailedPreconditionError, KVKeeperClientError,
                      from_rpc_error, is_session_lost)
 from .retry import call_with_retry
+from .stream import (Coverage, chunks, load_stream_method, protocol_error, write_blocks_method,
+                     write_frames)
 from .url import to_grpc_target
+from .wire import Chunk
 
-__all__ = ["AsyncClient", "MatchResult", "SaveResult", "MAX_MESSAGE_BYTES", "WRITE_CHUNK_BYTES"]
+__all__ = ["AsyncClient", "MatchResult", "SaveResult", "CHANNEL_OPTIONS", "MAX_MESSAGE_BYTES",
+           "WRITE_CHUNK_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +53,7 @@ WRITE_CHUNK_BYTES = 1 << 20
 # Checksumming more than this many bytes runs in a worker thread (zlib drops
 # the GIL), so one large save or load does not stall heartbeats and other calls.
 _OFFLOAD_BYTES = 4 << 20
-_CHANNEL_OPTIONS = [
+CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     # A restarted daemon is usually back within a second; gRPC's default
@@ -107,11 +112,6 @@ def _namespace(ns: NamespaceLike) -> pb.NamespaceDescriptor:
     return out
 
 
-def _protocol_error(what: str) -> KVKeeperClientError:
-    return KVKeeperClientError(f"unexpected answer from the daemon: {what}",
-                               grpc.StatusCode.INTERNAL)
-
-
 class AsyncClient:
     """A session with the daemon. Create with `await AsyncClient.connect(...)`.
 
@@ -124,6 +124,9 @@ class AsyncClient:
                  max_retries: int) -> None:
         self._channel = channel
         self._stub = pb_grpc.KVKeeperStub(channel)
+        # The bulk messages go through kvkeeper.client.wire (fewer copies, same bytes).
+        self._load_stream_rpc = load_stream_method(channel)
+        self._write_blocks_rpc = write_blocks_method(channel)
         self._health = health_pb2_grpc.HealthStub(channel)
         self._ns = namespace
         self._instance_id = instance_id
@@ -172,7 +175,7 @@ class AsyncClient:
         target = to_grpc_target(url)
         ns = _namespace(namespace)
         metadata = bearer_metadata(token)
-        channel = aio_channel(target, tls, _CHANNEL_OPTIONS)
+        channel = aio_channel(target, tls, CHANNEL_OPTIONS)
         self = cls(channel, ns, instance_id=instance_id, timeout=float(timeout),
                    transport=transport, checksum=checksum, max_retries=int(max_retries))
         self._metadata = metadata
@@ -278,7 +281,7 @@ class AsyncClient:
 
     def _apply_registration(self, resp: pb.RegisterSessionResponse, initial: bool) -> None:
         if not resp.session_id:
-            raise _protocol_error("RegisterSession returned no session id")
+            raise protocol_error("RegisterSession returned no session id")
         self._session_id = resp.session_id
         self._namespace_id = resp.namespace_id
         self._lease_ttl = resp.lease_ttl_seconds
@@ -508,7 +511,7 @@ class AsyncClient:
                     retry=True, rebind=False)
                 refs = list(loaded.blocks)
             if len(refs) != resp.matched:
-                raise _protocol_error(f"lease {resp.lease_id} of {resp.matched} blocks came "
+                raise protocol_error(f"lease {resp.lease_id} of {resp.matched} blocks came "
                                       f"with {len(refs)} block refs")
             return refs
         except BaseException:
@@ -541,7 +544,7 @@ class AsyncClient:
         for i, ref in enumerate(refs):
             length = sum(e.length for e in ref.extents)
             if length != bb:
-                raise _protocol_error(f"block ref {i} spans {length} bytes, not {bb}")
+                raise protocol_error(f"block ref {i} spans {length} bytes, not {bb}")
         try:
             if not m.still_valid():
                 return None
@@ -550,7 +553,7 @@ class AsyncClient:
             # Another thread (Client's event loop) may close the mapping meanwhile.
             if m.closed:
                 return None
-            raise _protocol_error(f"block ref outside the arena: {e}") from None
+            raise protocol_error(f"block ref outside the arena: {e}") from None
 
     async def load(self, lease_id: int) -> List[bytes]:
         """The bytes of every block of the lease, in lease order."""
@@ -581,63 +584,62 @@ class AsyncClient:
                 for i, (ref, v) in enumerate(zip(resp.blocks, views)):
                     length = sum(e.length for e in ref.extents)
                     if length != bb:
-                        raise _protocol_error(f"block {i} of lease {lease_id} spans {length} "
+                        raise protocol_error(f"block {i} of lease {lease_id} spans {length} "
                                               f"bytes, not {bb}")
                     m.read_into(ref.extents, v)
                 await self._verify([(r.checksum_algo, r.checksum) for r in resp.blocks], views)
                 return
         await self._load_stream(lease_id, views)
 
+    async def load_chunks(self, lease_id: int,
+                          max_blocks: Optional[int] = None) -> AsyncIterator[Chunk]:
+        """Stream the lease's blocks, yielding each chunk as it arrives: a
+        kvkeeper.client.wire.Chunk (index in the lease, byte offset in the
+        block, data: a read-only view of the received message, valid as long
+        as it is referenced; a block's first chunk also carries the checksum
+        it was committed with). Each chunk is checked to lie within
+        block_bytes (and, with max_blocks, within that many blocks) before it
+        is yielded; once the stream ends, that every block arrived whole
+        (KVKeeperClientError otherwise: nothing received may be used then).
+
+        For callers that put the bytes where they belong as they arrive (the
+        connector copies them into the KV cache): checksums are not verified
+        here, and the stream is not retried (load_into does both)."""
+        self._check_open()
+        cov = Coverage(lease_id, self._ns.block_bytes, max_blocks)
+        req = pb.LoadRequest(session_id=self._session_id, lease_id=lease_id)
+        try:
+            call = self._load_stream_rpc(req, timeout=self._timeout, metadata=self._metadata)
+            async for ch in chunks(call, cov):
+                yield ch
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, "LoadStream") from e
+        cov.finish()
+
     async def _load_stream(self, lease_id: int, views: Optional[List[memoryview]]) -> List[bytes]:
         """LoadStream, assembled into `views` (load_into) or into new bytes (load).
         The stream is read-only, so a whole stream is retried on UNAVAILABLE."""
         self._check_open()
         bb = self._ns.block_bytes
-        sid = self._session_id
-        req = pb.LoadRequest(session_id=sid, lease_id=lease_id)
+        req = pb.LoadRequest(session_id=self._session_id, lease_id=lease_id)
 
-        async def attempt() -> Tuple[dict, dict, dict]:
-            ranges: dict = {}   # index -> [(offset, length)]
+        async def attempt() -> Tuple[Coverage, dict]:
+            cov = Coverage(lease_id, bb, len(views) if views is not None else None)
             parts: dict = {}    # index -> [(offset, data)], for load()
-            sums: dict = {}     # index -> (algo, checksum)
-            call = self._stub.LoadStream(req, timeout=self._timeout, metadata=self._metadata)
-            try:
-                async for ch in call:
-                    idx, off, data = ch.index, ch.offset, ch.data
-                    if off + len(data) > bb:
-                        raise _protocol_error(f"chunk [{off}, {off + len(data)}) of block {idx} "
-                                              f"is beyond block_bytes {bb}")
-                    if views is not None:
-                        if idx >= len(views):
-                            raise ValueError(f"lease {lease_id} holds more blocks than the "
-                                             f"{len(views)} buffers given")
-                        views[idx][off:off + len(data)] = data
-                    else:
-                        parts.setdefault(idx, []).append((off, data))
-                    ranges.setdefault(idx, []).append((off, len(data)))
-                    if ch.checksum_algo:
-                        sums[idx] = (ch.checksum_algo, ch.checksum)
-            finally:
-                call.cancel()  # no-op once the stream ended; stops it on our errors
-            return ranges, parts, sums
+            call = self._load_stream_rpc(req, timeout=self._timeout, metadata=self._metadata)
+            async for ch in chunks(call, cov):
+                if views is not None:
+                    views[ch.index][ch.offset:ch.offset + ch.data.nbytes] = ch.data
+                else:
+                    parts.setdefault(ch.index, []).append((ch.offset, ch.data))
+            return cov, parts
 
         try:
-            ranges, parts, sums = await call_with_retry(attempt, max_retries=self._max_retries)
+            cov, parts = await call_with_retry(attempt, max_retries=self._max_retries)
         except grpc.RpcError as e:
             raise from_rpc_error(e, "LoadStream") from e
-        n = len(ranges)
-        if sorted(ranges) != list(range(n)):
-            raise _protocol_error(f"LoadStream of lease {lease_id} sent block indices "
-                                  f"{sorted(ranges)}")
-        for idx, rs in ranges.items():
-            pos = 0
-            for off, length in sorted(rs):
-                if off != pos:
-                    raise _protocol_error(f"LoadStream left a gap or overlap in block {idx} "
-                                          f"at byte {pos}")
-                pos += length
-            if pos != bb:
-                raise _protocol_error(f"LoadStream sent {pos} of {bb} bytes of block {idx}")
+        sums = cov.finish()
+        n = len(sums)
         if views is not None:
             if n != len(views):
                 raise ValueError(f"lease {lease_id} holds {n} blocks but {len(views)} buffers "
@@ -645,12 +647,10 @@ class AsyncClient:
             bufs: List[Any] = views
             out: List[bytes] = []
         else:
-            out = []
-            for idx in range(n):
-                ps = sorted(parts[idx], key=lambda p: p[0])
-                out.append(ps[0][1] if len(ps) == 1 else b"".join(d for _, d in ps))
+            out = [b"".join(d for _, d in sorted(parts[i], key=lambda p: p[0]))
+                   for i in range(n)]
             bufs = out
-        await self._verify([sums.get(i, (pb.CHECKSUM_NONE, 0)) for i in range(n)], bufs)
+        await self._verify(sums, bufs)
         return out
 
     async def save(self, keys: Sequence[bytes], blocks: Sequence[Any]) -> SaveResult:
@@ -682,7 +682,7 @@ class AsyncClient:
             rid = resp.reservation_id
             try:
                 if len(resp.slots) != len(keys):
-                    raise _protocol_error(f"ReserveSave returned {len(resp.slots)} slots for "
+                    raise protocol_error(f"ReserveSave returned {len(resp.slots)} slots for "
                                           f"{len(keys)} keys")
                 status = [s.status for s in resp.slots]
                 reserved = [i for i, st in enumerate(status) if st == pb.SLOT_RESERVED]
@@ -690,7 +690,7 @@ class AsyncClient:
                 in_flight = status.count(pb.SLOT_IN_FLIGHT)
                 if not rid:
                     if reserved:
-                        raise _protocol_error("slots reserved without a reservation id")
+                        raise protocol_error("slots reserved without a reservation id")
                     return SaveResult(0, present, in_flight, 0)
                 if transport == pb.TRANSPORT_SHM:
                     if m is not self._mapping or not m.still_valid():
@@ -698,7 +698,7 @@ class AsyncClient:
                         continue
                     for i in reserved:
                         if not resp.slots[i].extents:
-                            raise _protocol_error(f"reserved slot {i} has no extents")
+                            raise protocol_error(f"reserved slot {i} has no extents")
                         m.write(resp.slots[i].extents, views[i])
                 else:
                     await self._write_stream(sid, rid, [(i, views[i]) for i in reserved])
@@ -729,19 +729,9 @@ class AsyncClient:
         chunk = WRITE_CHUNK_BYTES
         if self._max_message_bytes:
             chunk = max(4096, min(chunk, self._max_message_bytes - 4096))
-
-        def messages():
-            first = True
-            for idx, view in items:
-                for off in range(0, view.nbytes, chunk):
-                    msg = pb.WriteChunk(index=idx, offset=off, data=bytes(view[off:off + chunk]))
-                    if first:
-                        msg.session_id, msg.reservation_id, first = sid, rid, False
-                    yield msg
-
         try:
-            await self._stub.WriteBlocks(messages(), timeout=self._timeout,
-                                         metadata=self._metadata)
+            await self._write_blocks_rpc(write_frames(sid, rid, items, chunk),
+                                         timeout=self._timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             raise from_rpc_error(e, "WriteBlocks") from e
 

@@ -16,7 +16,8 @@ from typing import Any, Optional, Sequence, Tuple, Union
 
 import grpc
 
-__all__ = ["TLS", "TLSLike", "bearer_metadata", "channel_credentials", "aio_channel"]
+__all__ = ["TLS", "TLSLike", "bearer_metadata", "channel_credentials", "aio_channel",
+           "sync_channel"]
 
 
 @dataclass(frozen=True)
@@ -63,10 +64,19 @@ def channel_credentials(tls: TLSLike) -> Optional[grpc.ChannelCredentials]:
                                         certificate_chain=_read(tls.cert_file))
 
 
-def aio_channel(target: str, tls: TLSLike, options: Sequence[Tuple[str, Any]]) -> grpc.aio.Channel:
+def _channel(kind: Any, target: str, tls: TLSLike, options: Sequence[Tuple[str, Any]]) -> Any:
     creds = channel_credentials(tls)
     if creds is None:
-        return grpc.aio.insecure_channel(target, options=options)
+        return kind.insecure_channel(target, options=options)
     if target.startswith("unix:"):
         raise ValueError("TLS is for TCP addresses; the daemon's unix socket is plain")
-    return grpc.aio.secure_channel(target, creds, options=options)
+    return kind.secure_channel(target, creds, options=options)
+
+
+def aio_channel(target: str, tls: TLSLike, options: Sequence[Tuple[str, Any]]) -> grpc.aio.Channel:
+    return _channel(grpc.aio, target, tls, options)
+
+
+def sync_channel(target: str, tls: TLSLike, options: Sequence[Tuple[str, Any]]) -> grpc.Channel:
+    """A blocking channel, for streams read in the calling thread (Client.load_chunks)."""
+    return _channel(grpc, target, tls, options)

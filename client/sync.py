@@ -5,7 +5,9 @@ wraps AsyncClient instead of duplicating it: one daemon thread owns an event
 loop, the channel and the heartbeat task; every method hands a coroutine to
 that loop (asyncio.run_coroutine_threadsafe) and waits for it. Heartbeats
 therefore keep running while the caller's threads are busy, and any number of
-threads may call at once.
+threads may call at once. The exception is `load_chunks`, the connector's
+streamed load: it reads LoadStream in the calling thread, on a blocking
+channel of its own to the same daemon.
 
 Each wait is bounded (`call_timeout`, by default enough for every RPC of the
 call to use its deadline and all its retries); past it the call is cancelled
@@ -16,16 +18,19 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-from typing import Any, Coroutine, List, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Coroutine, Iterator, List, Mapping, Optional, Sequence, TypeVar
 
 import grpc
 
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
-from .aio import AsyncClient, MatchResult, NamespaceLike, SaveResult
-from .auth import TLSLike
-from .errors import DeadlineExceededError
+from .aio import CHANNEL_OPTIONS, AsyncClient, MatchResult, NamespaceLike, SaveResult
+from .auth import TLSLike, bearer_metadata, sync_channel
+from .errors import DeadlineExceededError, from_rpc_error
 from .retry import MAX_DELAY
+from .stream import Coverage, load_stream_method
+from .url import to_grpc_target
+from .wire import Chunk
 
 __all__ = ["Client"]
 
@@ -54,7 +59,8 @@ class Client:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, thread: threading.Thread,
                  aclient: AsyncClient, timeout: float, max_retries: int,
-                 call_timeout: Optional[float]) -> None:
+                 call_timeout: Optional[float], target: str = "", tls: TLSLike = None,
+                 token: Optional[str] = None) -> None:
         self._loop = loop
         self._thread = thread
         self._aclient = aclient
@@ -63,6 +69,10 @@ class Client:
         self._call_timeout = call_timeout
         self._close_lock = threading.Lock()
         self._closed = False
+        # load_chunks' blocking channel, to the same daemon with the same credentials
+        self._target, self._tls = target, tls
+        self._metadata = bearer_metadata(token)
+        self._sync_channel: Optional[grpc.Channel] = None
 
     # ---- lifecycle
 
@@ -91,7 +101,12 @@ class Client:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(5.0)
             raise
-        return cls(loop, thread, aclient, timeout, max_retries, call_timeout)
+        self = cls(loop, thread, aclient, timeout, max_retries, call_timeout,
+                   target=to_grpc_target(url), tls=tls, token=token)
+        if aclient.transport == "stream":
+            # Streaming loads will come: connect their channel now, not in the first load.
+            grpc.channel_ready_future(self._stream_channel())
+        return self
 
     def close(self, timeout: Optional[float] = None) -> None:
         """Close the session (CloseSession within `timeout` seconds, by default
@@ -100,6 +115,8 @@ class Client:
             if self._closed:
                 return
             self._closed = True
+        if self._sync_channel is not None:
+            self._sync_channel.close()
         try:
             self._submit(self._aclient.close(timeout), rpcs=1, check=False)
         finally:
@@ -190,6 +207,37 @@ class Client:
 
     def load_into(self, lease_id: int, outs: Sequence[Any]) -> None:
         self._submit(self._aclient.load_into(lease_id, outs), rpcs=2)
+
+    def load_chunks(self, lease_id: int, max_blocks: Optional[int] = None) -> Iterator[Chunk]:
+        """AsyncClient.load_chunks, read in the calling thread on a blocking
+        channel of this client's own (opened on first use): each message
+        goes from gRPC's threads to the caller without a hop through the
+        event loop thread, which costs a wakeup per message (on a busy
+        machine, measured as a third of the speed). Stopping early (break,
+        an exception) cancels the stream."""
+        if self._closed:
+            raise RuntimeError("the kvkeeper client is closed")
+        cov = Coverage(lease_id, self.block_bytes, max_blocks)
+        req = pb.LoadRequest(session_id=self.session_id, lease_id=lease_id)
+        call = load_stream_method(self._stream_channel())(req, timeout=self._timeout,
+                                                          metadata=self._metadata)
+        try:
+            for ch in call:
+                cov.add(ch)
+                yield ch
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, "LoadStream") from e
+        finally:
+            call.cancel()   # no-op once the stream ended; stops it on our errors
+        cov.finish()
+
+    def _stream_channel(self) -> grpc.Channel:
+        with self._close_lock:
+            if self._closed:
+                raise RuntimeError("the kvkeeper client is closed")
+            if self._sync_channel is None:
+                self._sync_channel = sync_channel(self._target, self._tls, CHANNEL_OPTIONS)
+            return self._sync_channel
 
     def save(self, keys: Sequence[bytes], blocks: Sequence[Any]) -> SaveResult:
         return self._submit(self._aclient.save(keys, blocks), rpcs=6 * self._rounds(len(keys)))

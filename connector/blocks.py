@@ -20,6 +20,7 @@ bytes that landed in the KV cache, so what vLLM reads is what was verified.
 """
 from __future__ import annotations
 
+import warnings
 import zlib
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
@@ -27,7 +28,23 @@ import torch
 
 from .layout import KVLayout
 
-__all__ = ["BlockCodec", "LayoutMismatch"]
+__all__ = ["BlockCodec", "LayoutMismatch", "block_source"]
+
+
+def block_source(pieces: Sequence[memoryview], block_bytes: int) -> torch.Tensor:
+    """A block's bytes (pieces in order: arena extents, a received chunk) as
+    a uint8 tensor for copy_layer_in: a view when it is one piece (the usual
+    case), else a copy joining them."""
+    with warnings.catch_warnings():
+        # Read-only views are only read; torch warns about any non-writable buffer.
+        warnings.simplefilter("ignore", UserWarning)
+        parts = [torch.frombuffer(p, dtype=torch.uint8) for p in pieces if len(p)]
+    if len(parts) == 1 and parts[0].numel() == block_bytes:
+        return parts[0]
+    out = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
+    if out.numel() != block_bytes:
+        raise ValueError(f"a block's extents hold {out.numel()} bytes, not {block_bytes}")
+    return out
 
 
 class LayoutMismatch(ValueError):

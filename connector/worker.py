@@ -19,8 +19,8 @@ whose blocks failed, so a block checked after its attention ran is still
 never served: it is recomputed. The block the forward itself writes into
 (the prompt's last token) is always checked before the forward.
 Without a mapped arena (another host, or kvkeeper_transport=stream) blocks
-are streamed into a staging tensor, checked (client.load_into), and copied
-in before the forward.
+are streamed, each copied into the KV cache and checked there as it arrives
+(stream_load.py), before the forward.
 
 A block that is missing, fails its checksum or cannot be read, and every
 block after it in that load, is reported through
@@ -46,17 +46,16 @@ import logging
 import queue
 import threading
 import time
-import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
 
-from kvkeeper.client import ChecksumError, KVKeeperClientError, ResourceExhaustedError
+from kvkeeper.client import KVKeeperClientError, ResourceExhaustedError
 from kvkeeper.client.checksum import ALGOS
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
-from .blocks import BlockCodec, LayoutMismatch
+from .blocks import BlockCodec, LayoutMismatch, block_source
 from .config import ConnectorConfig
 from .cpus import spare_cpus, use_spare_cpus
 from .layout import KVLayout
@@ -64,6 +63,7 @@ from .link import DaemonLink, LinkDown
 from .metadata import KVKeeperConnectorMetadata, KVKeeperWorkerMetadata, LoadSpec, SaveSpec
 from .releaser import Releaser
 from .stats import Counters, KVKeeperStats
+from .stream_load import load_streamed
 
 __all__ = ["WorkerSide"]
 
@@ -229,21 +229,6 @@ class _StepLoads:
         self.layer_done = {name: threading.Event() for name in layer_names}
         self.future: Optional["Future[None]"] = None
         self.abandoned = False          # give up on every block (a timeout, a failed copy)
-
-
-def _whole_block(pieces: Sequence[memoryview], block_bytes: int) -> torch.Tensor:
-    """One block's arena extents as a uint8 tensor: a view when it is one
-    extent (the usual case), else a copy joining them."""
-    with warnings.catch_warnings():
-        # Read-only views are only read; torch warns about any non-writable buffer.
-        warnings.simplefilter("ignore", UserWarning)
-        parts = [torch.frombuffer(p, dtype=torch.uint8) for p in pieces if len(p)]
-    if len(parts) == 1 and parts[0].numel() == block_bytes:
-        return parts[0]
-    out = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
-    if out.numel() != block_bytes:
-        raise ValueError(f"a block's extents hold {out.numel()} bytes, not {block_bytes}")
-    return out
 
 
 class WorkerSide:
@@ -459,19 +444,19 @@ class WorkerSide:
             self._finish_load(spec, 0)
             return None
         m = min(res.matched, n)
-        staged = False   # _load_staged releases the lease itself
+        streamed = False   # _load_streamed releases the lease itself
         try:
             views = None
             if len(res.blocks) >= m:
                 views = self.link.call(lambda c: c.arena_views(res.blocks[:m]), "load")
             if views is None:
-                staged = True
-                good, bad = self._load_staged(spec, res.lease_id, res.matched, m)
+                streamed = True
+                good, bad = self._load_streamed(spec, res.lease_id, m)
                 self._finish_load(spec, good, bad)
                 return None
             return self._fetched(spec, res.lease_id, res.blocks[:m], views)
         except BaseException:
-            if not staged and self.releaser is not None:
+            if not streamed and self.releaser is not None:
                 self.releaser.release(res.lease_id)
             raise
 
@@ -497,7 +482,7 @@ class WorkerSide:
         already copied and checked if the forward writes into it."""
         assert self.codec is not None
         m = len(refs)
-        sources = [_whole_block(v, self.codec.block_bytes) for v in views]
+        sources = [block_source(v, self.codec.block_bytes) for v in views]
         sums = [(b.checksum_algo, b.checksum) for b in refs]
         f = _Fetched(spec, lease_id, m, sources, sums)
         if spec.recomputes_last and m == spec.num_blocks():
@@ -625,30 +610,23 @@ class WorkerSide:
             return True   # stored without a checksum (or one this process lacks), or off
         return self.codec.block_checksum(block_id, fn, algo == pb.CHECKSUM_CRC32) == want
 
-    def _load_staged(self, spec: LoadSpec, lease_id: int, matched: int,
-                     n: int) -> Tuple[int, List[int]]:
-        """Stream the lease into a staging tensor (checked by the client), copy
-        it in; (leading blocks now in the KV cache, positions found corrupt)."""
+    def _load_streamed(self, spec: LoadSpec, lease_id: int, n: int) -> Tuple[int, List[int]]:
+        """Stream the lease's first n blocks into the KV cache, each checked
+        there as it arrives; (leading blocks loaded, positions found corrupt)."""
         assert self.link is not None and self.codec is not None
+        codec = self.codec
         bad: List[int] = []
         try:
-            rows = self.codec.new_rows(matched)
-            arr = rows.numpy()
-            bufs = [arr[i] for i in range(matched)]
-            good = n
-            try:
-                self.link.call(lambda c: c.load_into(lease_id, bufs), "load")
-            except ChecksumError as e:
-                bad = sorted(e.bad_indices)
+            t0 = time.perf_counter()
+            good, bad = self.link.call(
+                lambda c: load_streamed(c, codec, lease_id, spec.block_ids[:n], self._block_ok,
+                                        self.timings),
+                "load")
+            self.timings["stream"] = time.perf_counter() - t0
+            if bad:
                 self.counters.inc("checksum_errors", len(bad))
-                good = min([good] + bad)
                 log.warning("kvkeeper: %d block(s) of %s failed their checksum; they are dropped "
                             "from the daemon and recomputed", len(bad), spec.req_id)
-            try:
-                self.codec.scatter(spec.block_ids[:good], rows[:good])
-            except Exception:
-                good = 0  # nothing written can be trusted; all of it is recomputed
-                raise
         finally:
             if self.releaser is not None:
                 self.releaser.release(lease_id, discard_indices=bad)

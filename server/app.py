@@ -27,7 +27,7 @@ from . import grpclog, logsetup
 from .access import give_group, resolve_group
 from .api.admin import AdminServicer
 from .api.decoding import add_guarded
-from .api.servicer import KVKeeperServicer
+from .api.servicer import BULK_CODECS, KVKeeperServicer
 from .auth import AuthInterceptor, AuthPolicy, check_exposure, server_credentials
 from .config import Config, ConfigError
 from .gcpolicy import GcPolicy
@@ -136,7 +136,8 @@ class Daemon:
             max_message_bytes=config.server.max_message_bytes, disk=self.disk)
         if self.auth is not None:
             self.servicer.authorize_namespace = self.auth.check_namespace
-        add_guarded(kvkeeper_pb2_grpc.add_KVKeeperServicer_to_server, self.servicer, self.server)
+        add_guarded(kvkeeper_pb2_grpc.add_KVKeeperServicer_to_server, self.servicer, self.server,
+                    codecs=BULK_CODECS)
         services = [SERVICE_NAME]
         self.admin: Optional[AdminServicer] = None
         if config.admin.enabled:

@@ -10,7 +10,7 @@ like any other client error.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Optional
 
 import grpc
 
@@ -45,10 +45,12 @@ def _guard(method: str, deserialize: Callable[[bytes], Any]) -> Callable[[bytes]
 
 class _Registration:
     """Stands in for the server while a generated add_*Servicer_to_server runs:
-    takes its method handlers, guards their deserializers, registers those."""
+    takes its method handlers, puts in the given codecs, guards their
+    deserializers, registers those."""
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: Any, codecs: Mapping[str, Mapping[str, Any]]) -> None:
         self.server = server
+        self.codecs = codecs
 
     def add_generic_rpc_handlers(self, handlers: Any) -> None:
         # The generated code registers the same handlers twice (generic, then
@@ -57,6 +59,7 @@ class _Registration:
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
         short = service.rsplit(".", 1)[-1]
+        handlers = {name: h._replace(**self.codecs.get(name, {})) for name, h in handlers.items()}
         guarded = {name: h._replace(request_deserializer=_guard(f"{short}/{name}",
                                                                 h.request_deserializer))
                    for name, h in handlers.items()}
@@ -65,6 +68,9 @@ class _Registration:
         self.server.add_registered_method_handlers(service, guarded)
 
 
-def add_guarded(add_to_server: Callable[[Any, Any], None], servicer: Any, server: Any) -> None:
-    """`add_to_server(servicer, server)` (a generated function), every request guarded."""
-    add_to_server(servicer, _Registration(server))
+def add_guarded(add_to_server: Callable[[Any, Any], None], servicer: Any, server: Any,
+                codecs: Optional[Mapping[str, Mapping[str, Any]]] = None) -> None:
+    """`add_to_server(servicer, server)` (a generated function), every request
+    guarded. codecs: per method name, serializers to use instead of the
+    generated ones (e.g. {"LoadStream": {"response_serializer": f}})."""
+    add_to_server(servicer, _Registration(server, codecs or {}))

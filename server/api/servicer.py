@@ -10,6 +10,8 @@ import logging
 import time
 from typing import Any, AsyncIterator, Callable, Iterable
 
+from kvkeeper.client.wire import (encode_block_chunk, frame_or_message, parse_write_chunk,
+                                  slice_views)
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 
@@ -31,6 +33,11 @@ CHUNK_OVERHEAD_BYTES = 4096
 # Upper bounds of what one block adds to an answer, beyond its key: a BlockRef's
 # tags, checksum and length prefix, and per extent (at most one per page).
 REF_BYTES, EXTENT_BYTES = 32, 24
+# The bulk messages go through kvkeeper.client.wire (the same bytes, fewer
+# copies): LoadStream yields frames built from the arena in one copy, and
+# WriteBlocks reads each chunk's data as a view of the received message.
+BULK_CODECS = {"LoadStream": {"response_serializer": frame_or_message},
+               "WriteBlocks": {"request_deserializer": parse_write_chunk}}
 
 
 class KVKeeperServicer(pb_grpc.KVKeeperServicer):
@@ -162,7 +169,9 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             self.metrics.observe_transfer("load", "shm", nbytes, None)
 
     @rpc_stream
-    async def LoadStream(self, request: pb.LoadRequest, context: Any) -> AsyncIterator[pb.BlockChunk]:
+    async def LoadStream(self, request: pb.LoadRequest, context: Any) -> AsyncIterator[bytes]:
+        """Yields serialized BlockChunks (wire.frame_or_message sends them as
+        they are), each built in one copy from the arena."""
         t0 = time.perf_counter()
         lease = self.ledger.lease(SessionId(request.session_id), request.lease_id, self.clock(),
                                   identity.of(context))
@@ -172,15 +181,17 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             # be reused, so each block is copied whole while the lease is known live.
             if self.ledger.leases.get(lease.id) is not lease:
                 raise FailedPrecondition(f"lease {lease.id} was released while it was being streamed")
-            data = self.arena.read(self._extents(b))
+            views = [self.arena.view(o, n) for o, n in self._extents(b)]
+            size = sum(len(v) for v in views)
             algo, value = b.checksum or (0, 0)
             step = self.stream_chunk_bytes
-            for off in range(0, len(data), step):
-                first = off == 0
-                yield pb.BlockChunk(index=i, offset=off, data=data[off:off + step],
-                                    checksum_algo=algo if first else 0,
-                                    checksum=value if first else 0)
-            nbytes += len(data)
+            frames = [encode_block_chunk(i, off, slice_views(views, off, step),
+                                         algo if off == 0 else 0, value if off == 0 else 0)
+                      for off in range(0, size, step)]
+            del views   # the arena cannot unmap while views of it live
+            for frame in frames:
+                yield frame
+            nbytes += size
         self.metrics.observe_transfer("load", "stream", nbytes, time.perf_counter() - t0)
         self.ledger.renew(lease.session, self.clock())
 

@@ -1,6 +1,6 @@
 """`kvkeeper bench`: the ledger, control-plane, data-plane, disk and GC benchmarks.
 
-    kvkeeper bench {ledger,control,data,disk,gc,ttft,all} [--json] [--quick] [--out FILE]
+    kvkeeper bench {ledger,control,data,disk,gc,ttft,stream-hit,all} [--json] [--quick] [--out FILE]
                    [--engine-python PATH]
 
 Every result carries its baseline, measured again in the same run side by
@@ -14,7 +14,8 @@ the daemon's dependencies. `ttft` (ttft_bench.py: time to
 first token of vLLM engines with KVKeeperConnector, against recompute and
 vLLM's ExampleConnector) needs vLLM and torch and runs only when named; its
 engines run on --engine-python (default: $KVKEEPER_BENCH_PYTHON, else this
-interpreter). Nothing here is imported by the daemon, and vLLM and torch are
+interpreter). `stream-hit` (stream_hit_bench.py: a full hit over gRPC
+streams against the same hit over shared memory) likewise. Nothing here is imported by the daemon, and vLLM and torch are
 imported only inside the engine processes ttft starts.
 
 Exit status: 0 when the benchmarks ran (whether or not targets were met:
@@ -34,7 +35,7 @@ class BenchUnavailable(RuntimeError):
 
 
 BENCHES = ("ledger", "control", "data", "disk", "gc")  # what `all` runs
-EXTRA_BENCHES = ("ttft",)                         # run only by name (needs vLLM)
+EXTRA_BENCHES = ("ttft", "stream-hit")            # run only by name (need vLLM)
 
 
 def _runner(name: str) -> Callable[..., list[Result]]:
@@ -46,6 +47,8 @@ def _runner(name: str) -> Callable[..., list[Result]]:
         from .data_bench import run
     elif name == "ttft":
         from .ttft_bench import run
+    elif name == "stream-hit":
+        from .stream_hit_bench import run
     elif name == "disk":
         from .disk_bench import run
     elif name == "gc":
@@ -61,7 +64,7 @@ def run_benches(names: Sequence[str], quick: bool,
     results: list[Result] = []
     for name in names:
         t0 = time.perf_counter()
-        if name == "ttft":
+        if name in EXTRA_BENCHES:
             results += _runner(name)(quick=quick, log=log, python=engine_python)
         else:
             results += _runner(name)(quick=quick, log=log)

@@ -6,7 +6,7 @@ the load generator do not share an event loop or a GIL.
     python -m kvkeeper.server.bench.serve_helper raw --socket PATH
 
 `kvkeeper` runs the real daemon (`app.create_server`, as `kvkeeper serve`
-does) with only the unix socket enabled. `raw` is the baseline: a bare
+does) on the unix socket (and, with --tcp, on TCP as well). `raw` is the baseline: a bare
 grpc.aio server with one generic handler (no protobuf, no servicer class),
 service `kvkbench.Raw`:
 
@@ -145,12 +145,13 @@ async def serve_raw(socket_path: str, buffer_bytes: int) -> None:
     await server.stop(0)
 
 
-async def serve_kvkeeper(socket_path: str, capacity: int, page_bytes: int, name: str) -> None:
+async def serve_kvkeeper(socket_path: str, capacity: int, page_bytes: int, name: str,
+                         tcp: str = "") -> None:
     from kvkeeper.server.app import create_server
     from kvkeeper.server.config import load_config
 
     config = load_config(None, env={}, overrides={
-        "listen.socket": socket_path, "listen.tcp": "", "metrics.address": "",
+        "listen.socket": socket_path, "listen.tcp": tcp, "metrics.address": "",
         "host_tier.capacity_bytes": capacity, "host_tier.page_bytes": page_bytes,
         "host_tier.name": name, "server.grace_seconds": 1.0, "server.log_level": "warning"})
     stop = _stop_event()
@@ -175,12 +176,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     kvk.add_argument("--capacity", type=int, required=True)
     kvk.add_argument("--page-bytes", type=int, required=True)
     kvk.add_argument("--name", required=True)
+    kvk.add_argument("--tcp", default="", help="also listen on this host:port")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.kind == "raw":
         coro = serve_raw(args.socket, args.buffer_bytes)
     else:
-        coro = serve_kvkeeper(args.socket, args.capacity, args.page_bytes, args.name)
+        coro = serve_kvkeeper(args.socket, args.capacity, args.page_bytes, args.name, args.tcp)
     run_async(coro)
     return 0
 

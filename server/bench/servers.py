@@ -39,11 +39,15 @@ class ServerProcess:
         return cls(["raw", "--socket", sock, "--buffer-bytes", str(buffer_bytes)], sock, "raw grpc")
 
     @classmethod
-    def kvkeeper(cls, sockdir: str, capacity: int, page_bytes: int) -> "ServerProcess":
+    def kvkeeper(cls, sockdir: str, capacity: int, page_bytes: int,
+                 tcp: str = "") -> "ServerProcess":
+        """tcp: also listen on this "host:port" (the remote path's transport)."""
         sock = os.path.join(sockdir, "kvk.sock")
         name = f"kvkeeper-bench-{uuid.uuid4().hex[:12]}"
+        extra = ["--tcp", tcp] if tcp else []
         return cls(["kvkeeper", "--socket", sock, "--capacity", str(capacity),
-                    "--page-bytes", str(page_bytes), "--name", name], sock, "kvkeeper daemon")
+                    "--page-bytes", str(page_bytes), "--name", name, *extra], sock,
+                   "kvkeeper daemon")
 
     def start(self) -> "ServerProcess":
         cmd = [sys.executable, "-m", "kvkeeper.server.bench.serve_helper", *self.args]

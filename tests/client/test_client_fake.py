@@ -42,6 +42,7 @@ class FakeDaemon(pb_grpc.KVKeeperServicer):
         self.write_sizes = []    # data sizes of WriteChunk messages
         self.released = []
         self.fail_commit = None  # details of an INTERNAL error CommitSave answers
+        self.stream_fault = None  # LoadStream misbehaves: "gap", "beyond", "short", "skip"
         self.arena = None
         if arena_path:
             pages = 64
@@ -118,9 +119,17 @@ class FakeDaemon(pb_grpc.KVKeeperServicer):
         await self._session(request.session_id, context)
         if request.lease_id not in self.leases:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown lease {request.lease_id}")
+        fault = self.stream_fault
         for i, (data, algo, csum, _) in enumerate(self._lease_blocks(request.lease_id)):
+            if fault == "skip" and i == 1:
+                continue
             for off in range(0, BB, self.chunk):
-                ch = pb.BlockChunk(index=i, offset=off, data=data[off:off + self.chunk])
+                if fault == "gap" and i == 1 and off == self.chunk:
+                    continue
+                end = off + self.chunk + (1 if fault == "beyond" and off + self.chunk >= BB else 0)
+                if fault == "short" and i == 1 and end >= BB:
+                    end = BB - 1
+                ch = pb.BlockChunk(index=i, offset=off, data=(data + b"!")[off:end])
                 if off == 0:
                     ch.checksum_algo, ch.checksum = algo, csum
                 yield ch
@@ -415,3 +424,80 @@ def test_blocking_client_match_blocks(fake_daemon):
         with pytest.raises(ValueError, match="lease=True"):
             c.match([key(7)], blocks=True)
         c.release(m.lease_id)
+
+
+def _chunked(chunks):
+    """(blocks reassembled from wire.Chunks, the chunks' (index, offset, algo, checksum))."""
+    parts, heads = {}, []
+    for ch in chunks:
+        assert isinstance(ch.data, memoryview) and ch.data.readonly
+        parts.setdefault(ch.index, bytearray())[ch.offset:] = ch.data
+        heads.append((ch.index, ch.offset, ch.checksum_algo, ch.checksum))
+    return [bytes(parts[i]) for i in sorted(parts)], heads
+
+
+def _expected_heads(blocks):
+    return [(i, off, pb.CHECKSUM_CRC32 if off == 0 else 0, zlib.crc32(b) if off == 0 else 0)
+            for i, b in enumerate(blocks) for off in range(0, BB, 1000)]
+
+
+@pytest.fixture
+def stream_daemon():
+    d = Running(FakeDaemon())
+    yield d
+    d.stop()
+
+
+async def test_load_chunks_yields_what_the_daemon_sent(stream_daemon):
+    """The fake daemon serializes with protobuf; the client parses by hand."""
+    keys, blocks = [key(i) for i in range(3)], [block(i) for i in range(3)]
+    async with await AsyncClient.connect(stream_daemon.url, NS, transport="stream") as c:
+        await c.save(keys, blocks)
+        m = await c.match(keys, lease=True)
+        got = [ch async for ch in c.load_chunks(m.lease_id)]
+        assert _chunked(got) == (blocks, _expected_heads(blocks))
+        with pytest.raises(ValueError, match="more blocks than the 2 buffers"):
+            [ch async for ch in c.load_chunks(m.lease_id, max_blocks=2)]
+        with pytest.raises(NotFoundError):
+            [ch async for ch in c.load_chunks(4242)]
+
+
+def test_blocking_load_chunks_reads_on_the_calling_thread(stream_daemon):
+    keys, blocks = [key(i) for i in range(3)], [block(i) for i in range(3)]
+    with Client.connect(stream_daemon.url, NS, transport="stream") as c:
+        c.save(keys, blocks)
+        m = c.match(keys, lease=True)
+        assert _chunked(c.load_chunks(m.lease_id)) == (blocks, _expected_heads(blocks))
+        it = c.load_chunks(m.lease_id)
+        next(it)
+        it.close()   # stopping early cancels the stream; the client goes on working
+        assert _chunked(c.load_chunks(m.lease_id))[0] == blocks
+        with pytest.raises(NotFoundError):
+            list(c.load_chunks(4242))
+    with pytest.raises(RuntimeError, match="closed"):
+        list(c.load_chunks(m.lease_id))
+
+
+@pytest.mark.parametrize("fault,message", [
+    ("gap", "gap or overlap in block 1"), ("beyond", "beyond block_bytes"),
+    ("short", "2999 of 3000 bytes of block 1"), ("skip", r"block indices \[0, 2\]")])
+async def test_a_stream_that_breaks_the_protocol_fails_every_load(stream_daemon, fault, message):
+    keys, blocks = [key(i) for i in range(3)], [block(i) for i in range(3)]
+    async with await AsyncClient.connect(stream_daemon.url, NS, transport="stream") as c:
+        await c.save(keys, blocks)
+        m = await c.match(keys, lease=True)
+        stream_daemon.fake.stream_fault = fault
+        for load in (lambda: c.load(m.lease_id),
+                     lambda: c.load_into(m.lease_id, [bytearray(BB) for _ in range(3)]),
+                     lambda: _drain(c.load_chunks(m.lease_id))):
+            with pytest.raises(KVKeeperClientError, match=message) as info:
+                await load()
+            assert info.value.code == grpc.StatusCode.INTERNAL
+    with Client.connect(stream_daemon.url, NS, transport="stream") as b:
+        m = b.match(keys, lease=True)
+        with pytest.raises(KVKeeperClientError, match=message):
+            list(b.load_chunks(m.lease_id))
+
+
+async def _drain(chunks):
+    return [ch async for ch in chunks]

@@ -128,11 +128,12 @@ def test_saved_blocks_load_into_other_block_ids(daemon: DaemonProcess, transport
         b.shutdown()
 
 
+@pytest.mark.parametrize("transport", ["auto", "stream"])
 def test_missing_blocks_are_reported_from_the_first_gap(daemon: DaemonProcess,
-                                                        placement: str) -> None:
+                                                        placement: str, transport: str) -> None:
     src, dst = tensors(1), tensors(2)
     before = {n: t.clone() for n, t in dst.items()}
-    a, b = worker(daemon.url, src), worker(daemon.url, dst)
+    a, b = worker(daemon.url, src), worker(daemon.url, dst, transport)
     try:
         ks = keys(4, salt=1)
         save(a, ks[:2], [0, 1])           # blocks 2 and 3 never stored
@@ -144,9 +145,12 @@ def test_missing_blocks_are_reported_from_the_first_gap(daemon: DaemonProcess,
         b.shutdown()
 
 
-def test_a_corrupt_block_is_reported_and_dropped(daemon: DaemonProcess, placement: str) -> None:
+@pytest.mark.parametrize("transport", ["auto", "stream"])
+def test_a_corrupt_block_is_reported_and_dropped(daemon: DaemonProcess, placement: str,
+                                                 transport: str) -> None:
+    """stream: the block is checked in the KV cache as on the shm path."""
     src, dst = tensors(1), tensors(2)
-    a, b = worker(daemon.url, src), worker(daemon.url, dst)
+    a, b = worker(daemon.url, src), worker(daemon.url, dst, transport)
     try:
         ks = keys(3, salt=2)
         save(a, ks, [0, 1, 2])

@@ -1,0 +1,115 @@
+"""The streaming byte path: LoadStream and WriteBlocks with hand-built frames.
+
+`LoadStream.chunks` yields each BlockChunk as it arrives (wire.Chunk: its
+data a view of the received message, not a copy), checking it against the
+lease as it goes; at the end of the stream `Coverage.finish` says whether
+every block arrived whole, once, and returns the checksums the daemon sent.
+The caller copies the bytes where they belong as they come (load_into: the
+caller's buffers; the connector: the KV cache) and verifies them.
+"""
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Tuple
+
+import grpc
+
+from kvkeeper.v1 import kvkeeper_pb2 as pb
+
+from .errors import KVKeeperClientError
+from .wire import Chunk, encode_write_chunk, parse_block_chunk
+
+__all__ = ["Coverage", "protocol_error", "load_stream_method", "write_blocks_method",
+           "write_frames"]
+
+_SERVICE = pb.DESCRIPTOR.services_by_name["KVKeeper"].full_name
+
+
+def protocol_error(what: str) -> KVKeeperClientError:
+    return KVKeeperClientError(f"unexpected answer from the daemon: {what}",
+                               grpc.StatusCode.INTERNAL)
+
+
+def load_stream_method(channel: Any) -> Any:
+    """LoadStream, parsing each BlockChunk into a wire.Chunk."""
+    return channel.unary_stream(f"/{_SERVICE}/LoadStream",
+                                request_serializer=pb.LoadRequest.SerializeToString,
+                                response_deserializer=parse_block_chunk)
+
+
+def write_blocks_method(channel: Any) -> Any:
+    """WriteBlocks, sending frames built by `write_frames`."""
+    return channel.stream_unary(f"/{_SERVICE}/WriteBlocks",
+                                request_serializer=bytes,
+                                response_deserializer=pb.WriteBlocksResponse.FromString)
+
+
+def write_frames(sid: str, rid: int, items: Sequence[Tuple[int, memoryview]], chunk: int):
+    """Serialized WriteChunks of the (index, block view) items, each built in
+    one copy from the view; the first carries the session and reservation."""
+    first = True
+    for idx, view in items:
+        for off in range(0, view.nbytes, chunk):
+            if first:
+                yield encode_write_chunk(sid, rid, idx, off, [view[off:off + chunk]])
+                first = False
+            else:
+                yield encode_write_chunk("", 0, idx, off, [view[off:off + chunk]])
+
+
+class Coverage:
+    """Checks a LoadStream's chunks: each within its block, no block beyond
+    `max_blocks` (the caller's buffers) when given, and at the end every
+    block 0..n-1 covered exactly once, without gaps."""
+
+    def __init__(self, lease_id: int, block_bytes: int, max_blocks: Optional[int] = None) -> None:
+        self.lease_id = lease_id
+        self.bb = block_bytes
+        self.max_blocks = max_blocks
+        self.ranges: Dict[int, List[Tuple[int, int]]] = {}
+        self.sums: Dict[int, Tuple[int, int]] = {}
+
+    def add(self, ch: Chunk) -> None:
+        idx, off, n = ch.index, ch.offset, ch.data.nbytes
+        if off + n > self.bb:
+            raise protocol_error(f"chunk [{off}, {off + n}) of block {idx} is beyond "
+                                 f"block_bytes {self.bb}")
+        if self.max_blocks is not None and idx >= self.max_blocks:
+            raise ValueError(f"lease {self.lease_id} holds more blocks than the "
+                             f"{self.max_blocks} buffers given")
+        self.ranges.setdefault(idx, []).append((off, n))
+        if ch.checksum_algo:
+            self.sums[idx] = (ch.checksum_algo, ch.checksum)
+
+    def complete(self, idx: int) -> bool:
+        """Whether block `idx` has all its bytes now (assuming no overlaps,
+        which finish() rules out)."""
+        return sum(n for _, n in self.ranges.get(idx, ())) == self.bb
+
+    def finish(self) -> List[Tuple[int, int]]:
+        """(checksum_algo, checksum) per block, in lease order; raises if a
+        block is missing, short, or overlapping."""
+        n = len(self.ranges)
+        if sorted(self.ranges) != list(range(n)):
+            raise protocol_error(f"LoadStream of lease {self.lease_id} sent block indices "
+                                 f"{sorted(self.ranges)}")
+        for idx, rs in self.ranges.items():
+            pos = 0
+            for off, length in sorted(rs):
+                if off != pos:
+                    raise protocol_error(f"LoadStream left a gap or overlap in block {idx} "
+                                         f"at byte {pos}")
+                pos += length
+            if pos != self.bb:
+                raise protocol_error(f"LoadStream sent {pos} of {self.bb} bytes of block {idx}")
+        return [self.sums.get(i, (pb.CHECKSUM_NONE, 0)) for i in range(n)]
+
+
+async def chunks(call: Any, coverage: Coverage) -> AsyncIterator[Chunk]:
+    """The chunks of a started LoadStream call, each checked by `coverage`
+    before it is yielded; the call is cancelled if the consumer stops early."""
+    try:
+        async for ch in call:
+            coverage.add(ch)
+            yield ch
+    finally:
+        call.cancel()   # no-op once the stream ended; stops it on our errors
