@@ -18,7 +18,7 @@ from typing import Any, Dict
 import pytest
 
 from kvkeeper.server.experiment import metrics_text as mt
-from kvkeeper.server.experiment import prefix, replay
+from kvkeeper.server.experiment import prefix, replay, report
 
 SEED_FIELDS = ("schema_version", "environment", "workload", "baseline", "candidate",
                "metrics_artifacts", "failure", "evidence_level", "decision")
@@ -70,6 +70,8 @@ def test_experiment_prefix_on_vllm_serve(experiment: Dict[str, Any]) -> None:
     for snap in [arts["before"], *arts["between"], arts["after"]]:
         assert snap["vllm"]["ok"] and snap["daemon"]["ok"]
         assert mt.CONNECTOR_HIT_TOKENS in (r["_out"] / snap["vllm"]["path"]).read_text()
+    # The summary table `kvkeeper experiment report` shows (pytest -s shows it here).
+    print("\n" + report.render({k: v for k, v in r.items() if not k.startswith("_")}))
     print(f"\nexperiment prefix on vllm serve: TTFT p50 baseline "
           f"{base['metrics']['ttft_s']['p50']:.3f} s, candidate "
           f"{cand['metrics']['ttft_s']['p50']:.3f} s; vLLM prefix hits +"
