@@ -31,15 +31,22 @@ class Malformed:
         self.error = error
 
 
-def _guard(method: str, deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+def _message_name(deserialize: Callable[[bytes], Any]) -> str:
+    """The request message a generated deserializer (Message.FromString) parses."""
+    cls = getattr(deserialize, "__self__", None)
+    descriptor = getattr(cls, "DESCRIPTOR", None)
+    return descriptor.full_name if descriptor is not None else "the method's request message"
+
+
+def _guard(method: str, message: str,
+           deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
     def safe(data: bytes) -> Any:
         try:
             return deserialize(data)
         except Exception as exc:  # noqa: BLE001 - any parse failure is the caller's
             return Malformed(MalformedRequest(
                 f"malformed {method} request: {type(exc).__name__}: {clip(str(exc), 120)} "
-                f"({len(data)} bytes); send a serialized {method.split('/')[-1]}Request "
-                "of kvkeeper.v1 (see proto/kvkeeper/v1)"))
+                f"({len(data)} bytes); send a serialized {message} (see proto/kvkeeper/v1)"))
     return safe
 
 
@@ -59,9 +66,11 @@ class _Registration:
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
         short = service.rsplit(".", 1)[-1]
+        # Named from the generated handlers, before hand-written codecs replace them.
+        messages = {name: _message_name(h.request_deserializer) for name, h in handlers.items()}
         handlers = {name: h._replace(**self.codecs.get(name, {})) for name, h in handlers.items()}
-        guarded = {name: h._replace(request_deserializer=_guard(f"{short}/{name}",
-                                                                h.request_deserializer))
+        guarded = {name: h._replace(request_deserializer=_guard(
+                       f"{short}/{name}", messages[name], h.request_deserializer))
                    for name, h in handlers.items()}
         self.server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(service, guarded),))

@@ -56,6 +56,7 @@ async def test_every_method_answers_a_malformed_request_invalid_argument(daemon:
                 continue
             assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, err.details())
             assert err.details().startswith(f"malformed {service}/{name} request: "), err.details()
+            assert f"send a serialized {m.input_type.full_name} " in err.details(), err.details()
     text = daemon.metrics.render().decode()
     for name, _ in methods(module, service):
         line = f'kvkeeper_rpc_errors_total{{code="INVALID_ARGUMENT",method="{name}"}} 1.0'
