@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import secrets
 from collections import OrderedDict
-from typing import Iterator, Optional
 
 from ..errors import FailedPrecondition, NotFound
 from ..ids import Identity, SessionId
@@ -49,12 +48,6 @@ class SessionTable:
         self._ended: OrderedDict[SessionId, Identity] = OrderedDict()
         self._next = 1
 
-    def __len__(self) -> int:
-        return len(self.live)
-
-    def __iter__(self) -> Iterator[Session]:
-        return iter(list(self.live.values()))
-
     @property
     def issued(self) -> int:
         return self._next - 1
@@ -85,6 +78,3 @@ class SessionTable:
         self._ended[session.id] = session.owner
         while len(self._ended) > ENDED_MEMORY:
             self._ended.popitem(last=False)
-
-    def get(self, sid: SessionId) -> Optional[Session]:
-        return self.live.get(sid)
