@@ -23,23 +23,23 @@ from grpc_reflection.v1alpha import reflection
 
 from kvkeeper.v1 import admin_pb2, admin_pb2_grpc, kvkeeper_pb2, kvkeeper_pb2_grpc
 
-from . import grpclog, logsetup
-from .access import give_group, resolve_group
 from .api.admin import AdminServicer
 from .api.decoding import add_guarded
 from .api.servicer import BULK_CODECS, KVKeeperServicer
-from .auth import AuthInterceptor, AuthPolicy, check_exposure, server_credentials
 from .config import Config, ConfigError
-from .gcpolicy import GcPolicy
 from .ledger import Ledger
 from .ledger.sessions import tag
 from .metrics import Metrics
-from .reload import plan_reload
-from .sdnotify import notify as sd_notify
+from .ops import grpclog, logsetup
+from .ops.gcpolicy import GcPolicy
+from .ops.reload import plan_reload
+from .ops.sdnotify import notify as sd_notify
+from .ops.watch import CounterWatch
+from .security.access import give_group, resolve_group
+from .security.auth import AuthInterceptor, AuthPolicy, check_exposure, server_credentials
+from .security.tokens import TokenTable, load_tokens
 from .tiers.arena import Arena
 from .tiers.disk_tier import DiskTier
-from .tokens import TokenTable, load_tokens
-from .watch import CounterWatch
 
 log = logging.getLogger("kvkeeper")
 
@@ -78,7 +78,7 @@ class Daemon:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        # grpc's ERROR for a call whose client just left is no daemon fault (grpclog.py).
+        # grpc's ERROR for a call whose client just left is no daemon fault (ops/grpclog.py).
         grpclog.install()
         self.started_at = time.monotonic()
         # Everything that can refuse the configuration comes before any file is touched.
@@ -237,7 +237,7 @@ class Daemon:
         return ", ".join(parts) or "none"
 
     def reload(self, new: Config) -> None:
-        """Apply what may change while serving (see reload.py); log what is refused."""
+        """Apply what may change while serving (see ops/reload.py); log what is refused."""
         plan = plan_reload(self.config, new)
         for key, why in plan.refused:
             log.error("reload: %s not changed: %s", key, why,

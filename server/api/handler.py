@@ -18,7 +18,7 @@ import grpc
 
 from ..errors import Unavailable
 from ..ledger.sessions import ForeignSession
-from ..ratelog import RepeatLog
+from ..ops.ratelog import RepeatLog
 from .decoding import Malformed, MalformedRequest
 from .status import set_status, status_for
 

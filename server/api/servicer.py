@@ -15,12 +15,12 @@ from kvkeeper.client.wire import (encode_block_chunk, frame_or_message, parse_wr
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 
-from .. import identity
 from ..errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
 from ..ids import LeaseId, SessionId
 from ..ledger import Block, Lease, Ledger
 from ..ledger.sessions import tag
 from ..quoting import clip
+from ..security import identity
 from .convert import SLOT_TO_PB, descriptor_from_pb, report_from_pb, tier_to_pb
 from .handler import rpc, rpc_stream
 

@@ -47,7 +47,7 @@ def set_status(context: Any, code: grpc.StatusCode, msg: str) -> None:
     Not context.abort(): the AbortError it raises stays referenced by the
     call's state, which its traceback's frames reference back (RPCState ->
     AbortError -> traceback -> handler frame -> context -> RPCState). Only the
-    cyclic GC frees that, and never once it is frozen (server/gcpolicy.py).
+    cyclic GC frees that, and never once it is frozen (server/ops/gcpolicy.py).
     A handler returns after this; grpc.aio then sends the status and no message.
     """
     context.set_code(code)

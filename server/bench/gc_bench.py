@@ -1,5 +1,5 @@
 """GC benchmark: Match latency under churn with 1M resident blocks (100k with
---quick), CPython's default GC against the daemon's GcPolicy (server/gcpolicy.py).
+--quick), CPython's default GC against the daemon's GcPolicy (server/ops/gcpolicy.py).
 
 One real Ledger (ledger_bench.build_filled: one tier of exactly N blocks, full)
 serves a stream of requests shaped like the daemon's request path: Match of a
@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ..config import ServerSection
-from ..gcpolicy import GcPolicy
 from ..ledger import Ledger
+from ..ops.gcpolicy import GcPolicy
 from .ledger_bench import Clock, build_filled, keys_range, size_label
 from .result import Result, percentile
 

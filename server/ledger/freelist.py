@@ -67,7 +67,7 @@ class FreeList:
     def discard_empty(self) -> None:
         """Break the sentinels' cycle of an empty list that is being dropped, so
         that reference counting frees it: the cyclic GC may never look at it
-        again once it is frozen (see server/gcpolicy.py)."""
+        again once it is frozen (see server/ops/gcpolicy.py)."""
         if self._size:
             raise ValueError(f"the list still holds {self._size} nodes")
         self._head.next = None

@@ -26,7 +26,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 from deploy_support import DEPLOY, KVKEEPER, clean_env, free_port, socket_accepts, stop, wait_until
-from kvkeeper.server.auth import check_exposure
+from kvkeeper.server.security.auth import check_exposure
 from kvkeeper.server.config import Config, load_config
 
 yaml = pytest.importorskip("yaml")

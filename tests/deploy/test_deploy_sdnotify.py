@@ -1,4 +1,4 @@
-"""kvkeeper.server.sdnotify, and `kvkeeper serve` as a systemd Type=notify service:
+"""kvkeeper.server.ops.sdnotify, and `kvkeeper serve` as a systemd Type=notify service:
 READY=1 only once the socket accepts connections, STOPPING=1 on SIGTERM."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import grpc
 import pytest
 from deploy_support import clean_env, serve_args, socket_accepts, stop, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from kvkeeper.server import sdnotify
+from kvkeeper.server.ops import sdnotify
 
 
 @pytest.fixture

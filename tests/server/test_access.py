@@ -1,4 +1,4 @@
-"""kvkeeper.server.access: the socket's group."""
+"""kvkeeper.server.security.access: the socket's group."""
 from __future__ import annotations
 
 import grp
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from kvkeeper.server.access import give_group, resolve_group
+from kvkeeper.server.security.access import give_group, resolve_group
 from kvkeeper.server.config import ConfigError
 
 

@@ -1,4 +1,4 @@
-"""kvkeeper.server.auth: who a caller is, and which listeners may start without credentials."""
+"""kvkeeper.server.security.auth: who a caller is, and which listeners may start without credentials."""
 from __future__ import annotations
 
 import logging
@@ -6,10 +6,10 @@ import logging
 import pytest
 
 from kvkeeper.server import errors
-from kvkeeper.server.auth import (SOCKET_CALLER, AuthPolicy, bearer_token,
+from kvkeeper.server.security.auth import (SOCKET_CALLER, AuthPolicy, bearer_token,
                                   check_exposure, is_loopback, server_credentials)
 from kvkeeper.server.config import ConfigError, load_config
-from kvkeeper.server.tokens import TokenTable, parse_tokens
+from kvkeeper.server.security.tokens import TokenTable, parse_tokens
 
 TOKEN = "tenant-a-secret-0123456789"
 TABLE = parse_tokens({"tokens": {

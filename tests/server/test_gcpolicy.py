@@ -1,4 +1,4 @@
-"""kvkeeper.server.gcpolicy: collect + freeze after start-up, re-freeze on ticks,
+"""kvkeeper.server.ops.gcpolicy: collect + freeze after start-up, re-freeze on ticks,
 and what freezing costs (a cycle alive at a freeze is not collected until
 release). Also: the ledger's and the disk index's operations leave no cyclic
 garbage behind, which is what makes freezing their objects safe. No timing is
@@ -17,11 +17,11 @@ import pytest
 from kvkeeper.server.app import create_server
 from kvkeeper.server.config import Config, ConfigError, load_config
 from kvkeeper.server.errors import ClientError
-from kvkeeper.server.gcpolicy import GEN2_THRESHOLD, GcPolicy
+from kvkeeper.server.ops.gcpolicy import GEN2_THRESHOLD, GcPolicy
 from kvkeeper.server.ids import HOST
 from kvkeeper.server.ledger import Ledger, LedgerConfig, NamespaceDescriptor, TierSpec
 from kvkeeper.server.ledger.disk_index import DiskIndex
-from kvkeeper.server.reload import SAFE_KEYS
+from kvkeeper.server.ops.reload import SAFE_KEYS
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 

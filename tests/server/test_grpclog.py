@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kvkeeper.server import grpclog
+from kvkeeper.server.ops import grpclog
 
 GONE = "ExecuteBatchError raised in core by servicer method [/kvkeeper.v1.KVKeeper/Heartbeat]"
 

@@ -1,4 +1,4 @@
-"""kvkeeper.server.logsetup: text and JSON lines, extra fields, runtime changes."""
+"""kvkeeper.server.ops.logsetup: text and JSON lines, extra fields, runtime changes."""
 from __future__ import annotations
 
 import io
@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from kvkeeper.server import logsetup
+from kvkeeper.server.ops import logsetup
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
-"""kvkeeper.server.reload: which changes a SIGHUP applies and which it refuses."""
+"""kvkeeper.server.ops.reload: which changes a SIGHUP applies and which it refuses."""
 from __future__ import annotations
 
 from kvkeeper.server.config import load_config
-from kvkeeper.server.reload import SAFE_KEYS, plan_reload
+from kvkeeper.server.ops.reload import SAFE_KEYS, plan_reload
 
 
 def config(**overrides):

@@ -1,4 +1,4 @@
-"""kvkeeper.server.tokens: the tokens file, its checks, and digest lookups."""
+"""kvkeeper.server.security.tokens: the tokens file, its checks, and digest lookups."""
 from __future__ import annotations
 
 import os
@@ -6,7 +6,7 @@ import os
 import pytest
 
 from kvkeeper.server.config import ConfigError, GiB
-from kvkeeper.server.tokens import load_tokens, parse_tokens
+from kvkeeper.server.security.tokens import load_tokens, parse_tokens
 
 TOKEN_A = "tenant-a-secret-0123456789"
 TOKEN_OPS = "ops-secret-abcdefghijklmn"

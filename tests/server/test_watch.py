@@ -1,11 +1,11 @@
-"""kvkeeper.server.watch: eviction storms and tier errors, from counters."""
+"""kvkeeper.server.ops.watch: eviction storms and tier errors, from counters."""
 from __future__ import annotations
 
 import logging
 from collections import Counter
 from types import SimpleNamespace
 
-from kvkeeper.server.watch import CounterWatch, EvictionStorm, Increases, WindowedDelta
+from kvkeeper.server.ops.watch import CounterWatch, EvictionStorm, Increases, WindowedDelta
 
 
 def test_windowed_delta() -> None:

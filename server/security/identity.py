@@ -16,7 +16,7 @@ import hashlib
 from contextvars import ContextVar
 from typing import Any, Optional
 
-from .ids import Identity
+from ..ids import Identity
 
 SOCKET = Identity("socket")
 TCP = Identity("tcp")

@@ -35,8 +35,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from .config import ConfigError, parse_size
-from .ledger.quota import ANY_MODEL
+from ..config import ConfigError, parse_size
+from ..ledger.quota import ANY_MODEL
 
 log = logging.getLogger("kvkeeper.auth")
 

@@ -37,12 +37,13 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 
 import grpc
 
-from . import errors, identity
-from .api.status import set_status, status_for
-from .config import Config, ConfigError, parse_address
-from .ids import Identity
-from .quoting import clip
-from .ratelog import RepeatLog
+from .. import errors
+from ..api.status import set_status, status_for
+from ..config import Config, ConfigError, parse_address
+from ..ids import Identity
+from ..ops.ratelog import RepeatLog
+from ..quoting import clip
+from . import identity
 from .tokens import TokenTable
 
 log = logging.getLogger("kvkeeper.auth")

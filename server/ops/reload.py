@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .config import SCHEMA, Config
+from ..config import SCHEMA, Config
 
 SAFE_KEYS = frozenset({"server.log_level", "server.log_format", "server.eviction_storm_blocks",
                        "server.grace_seconds", "server.gc_freeze_interval_seconds",

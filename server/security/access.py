@@ -10,7 +10,7 @@ import grp
 import os
 from typing import Optional
 
-from .config import ConfigError
+from ..config import ConfigError
 
 KEY = "listen.socket_group"
 
