@@ -40,20 +40,13 @@ from .security.auth import AuthInterceptor, AuthPolicy, check_exposure, server_c
 from .security.tokens import TokenTable, load_tokens
 from .tiers.arena import Arena
 from .tiers.disk_tier import DiskTier
+from .version import package_version
 
 log = logging.getLogger("kvkeeper")
 
 SERVICE_NAME = kvkeeper_pb2.DESCRIPTOR.services_by_name["KVKeeper"].full_name
 ADMIN_SERVICE_NAME = admin_pb2.DESCRIPTOR.services_by_name["KVKeeperAdmin"].full_name
 REAP_INTERVAL_S = 1.0
-
-
-def version() -> str:
-    try:
-        from importlib.metadata import version as _v
-        return _v("kvkeeper")
-    except Exception:  # noqa: BLE001 - running from a source tree
-        return "0+unknown"
 
 
 def _claim_socket_path(path: str) -> None:
@@ -132,7 +125,7 @@ class Daemon:
             interceptors.append(AuthInterceptor(self.auth))
         self.server = grpc.aio.server(options=opts, interceptors=interceptors)
         self.servicer = KVKeeperServicer(
-            self.ledger, self.arena, self.metrics, version=version(), started_at=self.started_at,
+            self.ledger, self.arena, self.metrics, version=package_version(), started_at=self.started_at,
             max_message_bytes=config.server.max_message_bytes, disk=self.disk)
         if self.auth is not None:
             self.servicer.authorize_namespace = self.auth.check_namespace
@@ -195,7 +188,7 @@ class Daemon:
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         log.info("kvkeeper %s serving: socket=%s tcp=%s metrics=%s arena=%s (%d pages of %d B) policy=%s "
                  "auth=%s admin=%s",
-                 version(), self.socket_path, self.config.listen.tcp and f"port {self.port}",
+                 package_version(), self.socket_path, self.config.listen.tcp and f"port {self.port}",
                  self.config.metrics.address or "off", self.arena.path, self.arena.page_count,
                  self.arena.page_bytes, self.ledger.config.policy, self._auth_summary(),
                  "on" if self.admin is not None else "off")

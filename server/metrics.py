@@ -28,6 +28,10 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from kvkeeper.client.url import parse_host_port
+
+from .version import package_version
+
 if TYPE_CHECKING:  # pragma: no cover
     from .ledger import Ledger
 
@@ -69,14 +73,6 @@ RPC_BUCKETS: tuple[float, ...] = (
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )
 TRANSFER_BUCKETS: tuple[float, ...] = RPC_BUCKETS
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-        return version("kvkeeper")
-    except Exception:  # not installed (running from a source tree)
-        return "unknown"
 
 
 class LedgerCollector:
@@ -253,19 +249,6 @@ class _HttpExporter:
         self.close()
 
 
-def _parse_address(address: str) -> tuple[str, int]:
-    """"host:port", "[v6]:port" or ":port" (all interfaces) into (host, port)."""
-    host, sep, port_s = address.rpartition(":")
-    if not sep or not port_s.isdigit():
-        raise ValueError(f"metrics address {address!r} is not host:port (e.g. 0.0.0.0:9400)")
-    port = int(port_s)
-    if not 0 <= port <= 65535:
-        raise ValueError(f"metrics address {address!r}: port out of range")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host or "0.0.0.0", port
-
-
 def _check(value: str, allowed: Sequence[str], what: str) -> str:
     if value not in allowed:
         raise ValueError(f"{what} {value!r} is not one of {', '.join(allowed)}")
@@ -283,7 +266,7 @@ class Metrics:
             prometheus_client.PlatformCollector(registry=registry)
             prometheus_client.GCCollector(registry=registry)
         self.registry = registry
-        self.version = _version()
+        self.version = package_version()
         self._collector: Optional[LedgerCollector] = None
         p = PREFIX
         self.rpc_duration = Histogram(
@@ -382,7 +365,10 @@ class Metrics:
     def start_http(self, address: str) -> _HttpExporter:
         """Serve /metrics on "host:port" from a daemon thread. Port 0 picks a free
         port; the returned object's `.port` says which. Call `.close()` to stop."""
-        host, port = _parse_address(address)
+        try:
+            host, port = parse_host_port(address, any_port=True)
+        except ValueError as e:
+            raise ValueError(f"metrics address {address!r}: {e}") from None
         started = prometheus_client.start_http_server(port, addr=host, registry=self.registry)
         if started is None:  # pragma: no cover - prometheus_client < 0.20
             raise RuntimeError("prometheus_client>=0.20 is needed (start_http_server returns the server)")

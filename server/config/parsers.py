@@ -12,6 +12,8 @@ import re
 from fractions import Fraction
 from typing import Any
 
+from kvkeeper.client.url import parse_host_port
+
 KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
@@ -92,21 +94,14 @@ def parse_duration(value: Any) -> float:
 
 
 def parse_address(value: str) -> tuple[str, int]:
-    """("host", port) from "host:port" or "[v6]:port". ValueError."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not host:
+    """("host", port) of a listener address, "host:port" or "[v6]:port"; port 0 binds any
+    free port. The host keeps its brackets, as gRPC's bind takes it. ValueError."""
+    try:
+        host, port = parse_host_port(value, any_port=True)
+    except ValueError as e:
         raise ValueError(f"{value!r} is not \"host:port\" (e.g. \"127.0.0.1:50051\", "
-                         "\"[::1]:50051\"); use \"\" to disable")
-    if host.startswith("["):
-        if not host.endswith("]") or len(host) < 3:
-            raise ValueError(f"{value!r}: an IPv6 host needs brackets, e.g. \"[::1]:50051\"")
-    elif ":" in host or "]" in host:
-        raise ValueError(f"{value!r}: write an IPv6 host in brackets, e.g. \"[::1]:50051\"")
-    if not port.isdigit():
-        raise ValueError(f"{value!r}: port {port!r} is not a number")
-    if not 0 <= int(port) <= 65535:
-        raise ValueError(f"{value!r}: port {port} is outside 0..65535")
-    return host, int(port)
+                         f"\"[::1]:50051\"): {e}; use \"\" to disable") from None
+    return (f"[{host}]" if ":" in host else host), port
 
 
 def parse_int(value: Any, text: bool) -> int:

@@ -10,15 +10,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from ..version import package_version
 from .metrics_text import Snapshot
-
-
-def kvkeeper_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return version("kvkeeper")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def environment(backend: Any = None, daemon_metrics_url: Optional[str] = None,
@@ -27,7 +20,7 @@ def environment(backend: Any = None, daemon_metrics_url: Optional[str] = None,
     env: Dict[str, Any] = {
         "host": socket.gethostname(), "platform": platform.platform(),
         "python": sys.version.split()[0], "cpu_count": os.cpu_count(),
-        "kvkeeper_version": kvkeeper_version(),
+        "kvkeeper_version": package_version(),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "daemon_metrics_url": daemon_metrics_url,
     }

@@ -37,9 +37,11 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 
 import grpc
 
+from kvkeeper.client.url import parse_host_port
+
 from .. import errors
 from ..api.status import set_status, status_for
-from ..config import Config, ConfigError, parse_address
+from ..config import Config, ConfigError
 from ..ids import Identity
 from ..ops.ratelog import RepeatLog
 from ..quoting import clip
@@ -70,8 +72,7 @@ SOCKET_CALLER = Caller("unix socket", None, True, identity.SOCKET)
 def is_loopback(address: str) -> bool:
     """Whether "host:port" can only be reached from this host. Names other than
     localhost count as not loopback: what they resolve to may change."""
-    host, _ = parse_address(address)
-    host = host.strip("[]")
+    host, _ = parse_host_port(address, any_port=True)
     if host == "localhost":
         return True
     try:

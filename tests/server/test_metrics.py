@@ -14,11 +14,13 @@ import urllib.error
 import urllib.request
 
 import pytest
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvkeeper.client.url import parse_host_port
 from kvkeeper.server.ledger import Ledger, LedgerConfig, NamespaceDescriptor, TierSpec
 from kvkeeper.server.metrics import (DIRECTIONS, EVICTION_REASONS, RPC_ERROR_CODES, RPC_METHODS,
-                                     TRANSPORTS, Metrics, _parse_address)
+                                     TRANSPORTS, Metrics)
 
 PAGE = 4096
 PAGES = 64
@@ -341,20 +343,22 @@ def test_http_endpoint_serves_on_port_zero():
         urllib.request.urlopen(f"http://127.0.0.1:{exporter.port}/metrics", timeout=2)
 
 
+# The metrics listener's address goes through the project's one host:port parser.
 @pytest.mark.parametrize("address,expected", [
     ("127.0.0.1:9400", ("127.0.0.1", 9400)),
-    (":9400", ("0.0.0.0", 9400)),
     ("[::1]:0", ("::1", 0)),
     ("localhost:0", ("localhost", 0)),
 ])
 def test_parse_address(address, expected):
-    assert _parse_address(address) == expected
+    assert parse_host_port(address, any_port=True) == expected
 
 
-@pytest.mark.parametrize("address", ["9400", "host:", "host:http", "host:70000"])
+@pytest.mark.parametrize("address", ["9400", "host:", "host:http", "host:70000", ":9400"])
 def test_parse_address_refuses(address):
     with pytest.raises(ValueError):
-        _parse_address(address)
+        parse_host_port(address, any_port=True)
+    with pytest.raises(ValueError, match="metrics address"):
+        Metrics(registry=CollectorRegistry()).start_http(address)
 
 
 # ------------------------------------------------------------------ thread safety
