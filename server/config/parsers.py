@@ -99,8 +99,8 @@ def parse_address(value: str) -> tuple[str, int]:
     try:
         host, port = parse_host_port(value, any_port=True)
     except ValueError as e:
-        raise ValueError(f"{value!r} is not \"host:port\" (e.g. \"127.0.0.1:50051\", "
-                         f"\"[::1]:50051\"): {e}; use \"\" to disable") from None
+        raise ValueError(f"{value!r} is not \"host:port\" ({e}); e.g. \"127.0.0.1:50051\", "
+                         "\"[::1]:50051\", or \"\" to disable") from None
     return (f"[{host}]" if ":" in host else host), port
 
 

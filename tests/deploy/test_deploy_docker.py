@@ -199,7 +199,7 @@ def test_builder_copy_set_builds_the_wheel(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     wheel = next(out.glob("kvkeeper-*-py3-none-any.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    for module in ("kvkeeper/server/cli.py", "kvkeeper/server/ops/sdnotify.py",
+    for module in ("kvkeeper/server/cli/__main__.py", "kvkeeper/server/ops/sdnotify.py",
                    "kvkeeper/v1/kvkeeper_pb2_grpc.py", "kvkeeper/connector/__init__.py",
                    "kvkeeper/client/aio.py"):
         assert module in names, module

@@ -1,4 +1,4 @@
-"""kvkeeper.server.admin_cli: ls, inspect, evict, drain, verify against a real daemon,
+"""kvkeeper.server.cli.admin: ls, inspect, evict, drain, verify against a real daemon,
 with credentials, and their exit statuses."""
 from __future__ import annotations
 

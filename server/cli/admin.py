@@ -11,17 +11,22 @@ refused, unknown namespace or block; `verify` also when it found bad blocks);
     kvkeeper drain    [--url URL] [--json]
     kvkeeper verify   [--url URL] [--json]      (progress on stderr)
 
-All take --timeout and the credentials of cli_channel (--token-file, --tls...).
+All take --timeout and the credentials of channel.py (--token-file, --tls...).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any, Callable, Optional
 
-from .cli_channel import Target, Unreachable, UsageError, add_connection_args, open_channel, \
-    resolve_target
+import grpc
+
+from kvkeeper.v1 import admin_pb2 as apb
+from kvkeeper.v1 import admin_pb2_grpc
+from kvkeeper.v1 import kvkeeper_pb2 as pb
+
+from .channel import Target, UsageError, add_connection_args, call_daemon
+from .format import err, fmt_bytes, print_json, table, tier_name
 
 NAMESPACE_HEX = 32
 
@@ -56,10 +61,6 @@ def add_commands(sub: Any) -> None:
 
 
 # --------------------------------------------------------------------------- plumbing
-def _err(msg: str) -> None:
-    print(f"kvkeeper: {msg}", file=sys.stderr)
-
-
 def _hex(text: str, what: str, nbytes: Optional[int] = None) -> bytes:
     try:
         raw = bytes.fromhex(text)
@@ -73,28 +74,11 @@ def _hex(text: str, what: str, nbytes: Optional[int] = None) -> bytes:
 def _call(args: argparse.Namespace, rpc: Callable[[Any, Optional[float]], Any],
           show: Callable[[Any, Target], int]) -> int:
     """Run rpc(stub, timeout) against --url and hand the answer to show()."""
-    import grpc
-    from kvkeeper.v1 import admin_pb2_grpc
-    try:
-        target = resolve_target(args)
-        channel = open_channel(target, args)
-    except UsageError as e:
-        _err(str(e))
-        return 2
-    except Unreachable as e:
-        _err(str(e))
-        return 1
-    with channel:
-        try:
-            answer = rpc(admin_pb2_grpc.KVKeeperAdminStub(channel), args.timeout)
-            return show(answer, target)
-        except grpc.RpcError as e:
-            _err(_rpc_failure(e, target))
-            return 1
+    return call_daemon(args, lambda channel, timeout: rpc(
+        admin_pb2_grpc.KVKeeperAdminStub(channel), timeout), show, _rpc_failure)
 
 
 def _rpc_failure(e: Any, target: Target) -> str:
-    import grpc
     code = e.code()
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and \
             not (e.details() or "").startswith("the daemon is shutting down"):
@@ -104,28 +88,6 @@ def _rpc_failure(e: Any, target: Target) -> str:
         return (f"the daemon at {target.where} does not serve the admin API "
                 "([admin] enabled = false in its configuration)")
     return f"{code.name}: {e.details()}"
-
-
-def _print_json(value: Any) -> None:
-    print(json.dumps(value, indent=2))
-
-
-def _table(rows: list[tuple[str, ...]], right: frozenset[int] = frozenset()) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.rjust(w) if i in right else c.ljust(w)
-                               for i, (c, w) in enumerate(zip(r, widths))).rstrip()
-                     for r in rows) + "\n"
-
-
-def _tier(value: int) -> str:
-    from kvkeeper.v1 import kvkeeper_pb2 as pb
-    from .cli import _tier_name
-    return _tier_name(pb, value)
-
-
-def _bytes(n: int) -> str:
-    from .cli import _fmt_bytes
-    return _fmt_bytes(n)
 
 
 # --------------------------------------------------------------------------- ls
@@ -140,7 +102,7 @@ def namespaces_json(resp: Any) -> list[dict[str, Any]]:
             "block_bytes": d.block_bytes, "tp_rank": d.tp_rank, "tp_size": d.tp_size,
             "lora_tag": d.lora_tag, "cache_salted": bool(d.cache_salt),
             "sessions": n.sessions,
-            "tiers": [{"tier": _tier(t.tier), "blocks": t.blocks, "bytes": t.bytes}
+            "tiers": [{"tier": tier_name(t.tier), "blocks": t.blocks, "bytes": t.bytes}
                       for t in n.tiers],
             "quota_bytes": n.quota_bytes if n.HasField("quota_bytes") else None,
         })
@@ -161,23 +123,23 @@ def render_namespaces(items: list[dict[str, Any]]) -> str:
             model += f"@{n['model_revision']}"
         if n["lora_tag"]:
             model += f" +{n['lora_tag']}"
-        block = f"{n['block_tokens']} tok, {_bytes(n['block_bytes'])}" if n["registered"] else "-"
+        block = (f"{n['block_tokens']} tok, {fmt_bytes(n['block_bytes'])}" if n["registered"]
+                 else "-")
         tp = f"{n['tp_rank']}/{n['tp_size']}" if n["registered"] else "-"
-        cells = [f"{by_tier[t]['blocks']} ({_bytes(by_tier[t]['bytes'])})" if t in by_tier
+        cells = [f"{by_tier[t]['blocks']} ({fmt_bytes(by_tier[t]['bytes'])})" if t in by_tier
                  else "-" for t in tiers]
-        quota = "-" if n["quota_bytes"] is None else _bytes(n["quota_bytes"])
+        quota = "-" if n["quota_bytes"] is None else fmt_bytes(n["quota_bytes"])
         rows.append((n["namespace_id"], model, n["dtype"] or "-", block, tp,
                      str(n["sessions"]), *cells, quota))
-    return _table(rows)
+    return table(rows)
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from kvkeeper.v1 import admin_pb2 as apb
 
     def show(resp: Any, target: Target) -> int:
         items = namespaces_json(resp)
         if args.json:
-            _print_json(items)
+            print_json(items)
         else:
             sys.stdout.write(render_namespaces(items))
         return 0
@@ -188,10 +150,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- inspect
 def block_json(resp: Any, ns: str, key: str) -> dict[str, Any]:
-    from kvkeeper.v1 import kvkeeper_pb2 as pb
     return {
         "namespace_id": ns, "key": key,
-        "copies": [{"tier": _tier(c.tier), "state": c.state, "refs": c.refs, "hits": c.hits,
+        "copies": [{"tier": tier_name(c.tier), "state": c.state, "refs": c.refs, "hits": c.hits,
                     "idle_seconds": None if c.idle_seconds < 0 else c.idle_seconds,
                     "bytes": c.bytes} for c in resp.copies],
         "checksum_algo": pb.ChecksumAlgo.Name(resp.checksum_algo),
@@ -206,25 +167,24 @@ def render_block(d: dict[str, Any]) -> str:
         rows.append((c["tier"], c["state"], str(c["refs"]),
                      str(c["hits"]) if c["tier"] != "disk" else "-", idle, str(c["bytes"])))
     text = f"block {d['key']}\n  in namespace {d['namespace_id']}\n"
-    text += "".join("  " + line + "\n" for line in _table(rows).splitlines())
+    text += "".join("  " + line + "\n" for line in table(rows).splitlines())
     if d["checksum_algo"] != "CHECKSUM_NONE":
         text += f"  checksum {d['checksum_algo'][len('CHECKSUM_'):].lower()} {d['checksum']:#x}\n"
     return text
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from kvkeeper.v1 import admin_pb2 as apb
     try:
         ns = _hex(args.namespace, "NS_HEX", NAMESPACE_HEX // 2)
         key = _hex(args.key, "KEY_HEX")
     except UsageError as e:
-        _err(str(e))
+        err(str(e))
         return 2
 
     def show(resp: Any, target: Target) -> int:
         d = block_json(resp, ns.hex(), key.hex())
         if args.json:
-            _print_json(d)
+            print_json(d)
         else:
             sys.stdout.write(render_block(d))
         return 0
@@ -235,7 +195,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- evict
 def cmd_evict(args: argparse.Namespace) -> int:
-    from kvkeeper.v1 import admin_pb2 as apb
     if args.all:
         req = apb.EvictRequest(all=True)
     else:
@@ -243,12 +202,12 @@ def cmd_evict(args: argparse.Namespace) -> int:
             req = apb.EvictRequest(namespace_id=_hex(args.namespace, "--namespace",
                                                      NAMESPACE_HEX // 2))
         except UsageError as e:
-            _err(str(e))
+            err(str(e))
             return 2
 
     def show(resp: Any, target: Target) -> int:
         if args.json:
-            _print_json({"evicted": resp.evicted, "remaining": resp.remaining})
+            print_json({"evicted": resp.evicted, "remaining": resp.remaining})
         else:
             scope = "every namespace" if args.all else f"namespace {args.namespace.lower()}"
             print(f"evicted {resp.evicted} blocks from the host tier of {scope}; "
@@ -260,11 +219,10 @@ def cmd_evict(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- drain
 def cmd_drain(args: argparse.Namespace) -> int:
-    from kvkeeper.v1 import admin_pb2 as apb
 
     def show(resp: Any, target: Target) -> int:
         if args.json:
-            _print_json({"draining": True, "disk_tier": resp.disk_tier,
+            print_json({"draining": True, "disk_tier": resp.disk_tier,
                          "open_reservations": resp.open_reservations, "seconds": resp.seconds})
         else:
             flushed = (f"write-back flushed to the disk tier in {resp.seconds:.2f}s"
@@ -278,7 +236,6 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- verify
 def cmd_verify(args: argparse.Namespace) -> int:
-    from kvkeeper.v1 import admin_pb2 as apb
     tty = sys.stderr.isatty()
 
     def run(stub: Any, timeout: Optional[float]) -> Any:
@@ -296,15 +253,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     def show(final: Any, target: Target) -> int:
         if final is None:
-            _err("the daemon ended the verify without a result")
+            err("the daemon ended the verify without a result")
             return 1
         d = {"checked": final.checked, "bad": final.bad, "missing": final.missing,
              "quarantined": final.quarantined, "bytes": final.bytes, "seconds": final.seconds}
         if args.json:
-            _print_json(d)
+            print_json(d)
         else:
             print(f"verified {final.total} blocks in {final.seconds:.1f}s: {final.checked} good "
-                  f"({_bytes(final.bytes)}), {final.bad} bad ({final.quarantined} moved to "
+                  f"({fmt_bytes(final.bytes)}), {final.bad} bad ({final.quarantined} moved to "
                   f"quarantine/), {final.missing} gone meanwhile")
         return 1 if final.bad else 0
 

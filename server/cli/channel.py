@@ -1,28 +1,54 @@
 """How a `kvkeeper` command (status, ls, inspect, evict, drain, verify) reaches the daemon.
 
---url as `kvkeeper status` always took it (default $KVKEEPER_URL, then
-unix://./kvkeeper.sock); credentials from --token-file or $KVKEEPER_TOKEN
-(never a flag with the token itself: it would show in `ps`), and TLS from
---tls / --tls-ca / --tls-cert / --tls-key.
+--url takes what the client library takes (kvkeeper.client.url: unix:///abs/path,
+unix://rel/path, unix:path, a path with a '/', host:port, tcp://host:port, [v6]:port,
+dns:///host:port), so $KVKEEPER_URL names the same daemon for the CLI, the client and
+the connector; the default is unix://./kvkeeper.sock. Credentials come from
+--token-file or $KVKEEPER_TOKEN (never a flag with the token itself: it would show in
+`ps`), and TLS from --tls / --tls-ca / --tls-cert / --tls-key.
 """
 from __future__ import annotations
 
 import argparse
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 import grpc
 
+from kvkeeper.client.auth import TLS, bearer_metadata, channel_credentials
+from kvkeeper.client.url import parse_url
+
+from ..config import parse_duration
+from .format import err
+
+DEFAULT_URL = "unix://./kvkeeper.sock"
+URL_ENV = "KVKEEPER_URL"
 TOKEN_ENV = "KVKEEPER_TOKEN"
 
+T = TypeVar("T")
 
-class UsageError(Exception):
+
+class CommandError(Exception):
+    """A command cannot go on; `exit_code` is its exit status, the message goes to stderr."""
+    exit_code = 1
+
+
+class UsageError(CommandError):
     """A bad argument: exit status 2."""
+    exit_code = 2
 
 
-class Unreachable(Exception):
+class Unreachable(CommandError):
     """No daemon where --url points: exit status 1."""
+
+
+def duration_arg(text: str) -> float:
+    """An argparse type: seconds, or a duration like "30s", "2m"."""
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_credential_args(p: argparse.ArgumentParser) -> None:
@@ -36,14 +62,29 @@ def add_credential_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_connection_args(p: argparse.ArgumentParser) -> None:
-    from .cli import DEFAULT_URL, URL_ENV, _duration_arg
+    """--url, --json, --timeout and the credentials: what every daemon command takes."""
     p.add_argument("--url", default=None,
                    help=f"unix:///abs/path, unix://rel/path or host:port "
                         f"(default: ${URL_ENV} or {DEFAULT_URL})")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--timeout", type=_duration_arg, default=5.0, metavar="SECONDS",
+    p.add_argument("--timeout", type=duration_arg, default=5.0, metavar="SECONDS",
                    help="RPC deadline (default 5s)")
     add_credential_args(p)
+
+
+def grpc_target(url: str, cwd: Optional[str] = None) -> tuple[str, Optional[str]]:
+    """(grpc target, unix socket path or None) for a --url. ValueError when malformed.
+
+    The grammar is the client's (kvkeeper.client.url.parse_url); a relative socket path is
+    made absolute against `cwd` here, so that messages name the file the command looked for."""
+    try:
+        parsed = parse_url(url)
+    except ValueError as e:
+        raise ValueError(f"--url: {e}") from None
+    if parsed.path is None:
+        return parsed.target, None
+    path = os.path.normpath(os.path.join(cwd or os.getcwd(), parsed.path))
+    return "unix://" + path, path
 
 
 @dataclass(frozen=True)
@@ -56,7 +97,6 @@ class Target:
 
 def resolve_target(args: argparse.Namespace) -> Target:
     """The daemon --url names. UsageError when malformed, Unreachable when the socket is missing."""
-    from .cli import DEFAULT_URL, URL_ENV, grpc_target
     url = args.url or os.environ.get(URL_ENV) or DEFAULT_URL
     try:
         target, path = grpc_target(url)
@@ -83,8 +123,7 @@ def read_token(args: argparse.Namespace) -> Optional[str]:
     return os.environ.get(TOKEN_ENV) or None
 
 
-def tls_of(args: argparse.Namespace) -> Any:
-    from kvkeeper.client.auth import TLS
+def tls_of(args: argparse.Namespace) -> Optional[TLS]:
     ca, cert, key = (getattr(args, n, None) for n in ("tls_ca", "tls_cert", "tls_key"))
     if not (getattr(args, "tls", False) or ca or cert or key):
         return None
@@ -119,7 +158,6 @@ class _Metadata(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientIntercep
 
 def open_channel(target: Target, args: argparse.Namespace) -> grpc.Channel:
     """A blocking channel to `target` with the command's credentials. UsageError on bad ones."""
-    from kvkeeper.client.auth import bearer_metadata, channel_credentials
     try:
         metadata = bearer_metadata(read_token(args))
     except ValueError as e:
@@ -136,3 +174,29 @@ def open_channel(target: Target, args: argparse.Namespace) -> grpc.Channel:
     if metadata:
         channel = grpc.intercept_channel(channel, _Metadata(metadata))
     return channel
+
+
+def connect(args: argparse.Namespace) -> tuple[Target, grpc.Channel]:
+    """The target --url names and a channel to it. UsageError, Unreachable."""
+    target = resolve_target(args)
+    return target, open_channel(target, args)
+
+
+def call_daemon(args: argparse.Namespace, rpc: Callable[[grpc.Channel, Optional[float]], T],
+                show: Callable[[T, Target], int],
+                failure: Callable[[grpc.RpcError, Target], str]) -> int:
+    """A command's exit status: rpc(channel, --timeout) against --url, its answer handed to
+    show(); a bad argument, a missing socket or a failed RPC (worded by failure()) go to
+    stderr instead."""
+    try:
+        target, channel = connect(args)
+    except CommandError as e:
+        err(str(e))
+        return e.exit_code
+    with channel:
+        try:
+            answer = rpc(channel, args.timeout)
+        except grpc.RpcError as e:
+            err(failure(e, target))
+            return 1
+        return show(answer, target)
