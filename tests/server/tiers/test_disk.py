@@ -19,7 +19,7 @@ import zlib
 
 import pytest
 
-from kvkeeper.server.tiers import disk as disk_mod
+from kvkeeper.server.tiers.disk import recovery as recovery_mod
 from kvkeeper.server.tiers.disk import (FORMAT_VERSION, HEADER_BYTES, MAGIC, CorruptBlock,
                                         DiskFull, DiskIOError, DiskStore, GcLock, NotStored)
 from kvkeeper.v1 import kvkeeper_pb2 as pb
@@ -180,10 +180,10 @@ def test_scan_goes_parallel_when_io_bound(tmp_path, monkeypatch):
     s = open_store(tmp_path)
     for i in range(2000):
         s.write(NS, hashlib.sha256(b"%d" % i).digest(), data(10, i))  # spread over 256 dirs
-    monkeypatch.setattr(disk_mod, "_IO_BOUND_S_PER_FILE", 0.0)  # every read "waits on the device"
+    monkeypatch.setattr(recovery_mod, "_IO_BOUND_S_PER_FILE", 0.0)  # every read "waits on the device"
     switched = []
-    real = disk_mod.ThreadPoolExecutor
-    monkeypatch.setattr(disk_mod, "ThreadPoolExecutor",
+    real = recovery_mod.ThreadPoolExecutor
+    monkeypatch.setattr(recovery_mod, "ThreadPoolExecutor",
                         lambda **kw: switched.append(kw) or real(**kw))
     s2, rep = DiskStore.open(str(tmp_path), owner_id="a", fsync=False)
     assert switched and rep.blocks == 2000 and rep.bytes == s.used_bytes
@@ -219,7 +219,7 @@ def test_crash_before_rename_is_not_a_block(tmp_path, monkeypatch):
     def crash(src, dst):
         raise KeyboardInterrupt  # dies between fsync and rename
 
-    monkeypatch.setattr(disk_mod.os, "replace", crash)
+    monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(KeyboardInterrupt):
         s.write(NS, key(1), b"never acknowledged")
     monkeypatch.undo()
@@ -417,7 +417,7 @@ def test_enospc_simulated(tmp_path, monkeypatch, where, err, exc_type):
     def fail(*a, **kw):
         raise OSError(err, os.strerror(err))
 
-    monkeypatch.setattr(disk_mod.os, where, fail)
+    monkeypatch.setattr(os, where, fail)
     if where == "fsync" and s.syncfs is not None:
         # On a local filesystem durability comes from one syncfs, not per-file fsync.
         monkeypatch.setattr(s, "syncfs", fail)
@@ -446,7 +446,7 @@ def test_read_eio_is_disk_io_error(tmp_path, monkeypatch):
     def fail(*a, **kw):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(disk_mod.os, "pread", fail)
+    monkeypatch.setattr(os, "pread", fail)
     with pytest.raises(DiskIOError) as exc:
         s.read(NS, key(1))
     assert not isinstance(exc.value, DiskFull) and s.io_errors == 1
