@@ -31,7 +31,7 @@ from typing import Any
 from kvkeeper.client.arena_format import byte_view
 
 from .durability import DurableDirs, find_syncfs, fsync_dir, is_remote_fs
-from .errors import CorruptBlock, DiskFull, DiskIOError, NotStored
+from .errors import CorruptBlock, DiskIOError, NotStored, disk_io_error
 from .fileio import CLOEXEC, NOFOLLOW, RDONLY, pread_all, preadv_all, unlink_quiet, write_all
 from .gclock import GcLock
 from .header import HEADER_BYTES, HEADER_FIELDS_BYTES, check_ns_key, pack_header, parse_header
@@ -39,9 +39,6 @@ from .layout import Layout, check_owner, make_dirs, recorded_fanout_levels, tmp_
 from .pins import Pins
 from .recovery import SCAN_THREADS, RecoveryReport, clean_tmp, scan
 from .verify import VerifyReport, verify_blocks
-
-_FULL_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
-
 
 class DiskStore:
     """Blocks in files under one directory. Create with `DiskStore.open`."""
@@ -111,8 +108,7 @@ class DiskStore:
             scan_threads = SCAN_THREADS
         for found, bad in scan(store.layout, scan_threads):
             for ns, key, plen in found:
-                store._index[(ns, key)] = plen
-                store._used += HEADER_BYTES + plen
+                store._record(ns, key, plen)
             for path in bad:
                 if store._quarantine(path):
                     report.quarantined += 1
@@ -180,27 +176,14 @@ class DiskStore:
                 self._forget(ns, key)
             raise self._io_error(e, f"writing {n} B a block") from e
         with self._lock:
-            old = self._index.get((ns, key))
-            if old is not None:
-                self._used -= HEADER_BYTES + old
-            self._index[(ns, key)] = n
-            self._used += total
+            self._record(ns, key, n)
             self.bytes_written += total
         return total
 
     def _io_error(self, e: OSError, what: str) -> DiskIOError:
         with self._lock:
             self.io_errors += 1
-        if e.errno in _FULL_ERRNOS:
-            try:
-                free = f"{self.fs_free_bytes()} B free"
-            except OSError:
-                free = "free space unknown"
-            return DiskFull(
-                f"disk tier at {self.root} is full: {what} failed ({os.strerror(e.errno)}; "
-                f"{e.strerror}); the filesystem has {free}. Nothing was stored; reads go on. "
-                "Free space, lower the disk tier's capacity, or let eviction run", e.errno)
-        return DiskIOError(f"disk tier at {self.root}: {what} failed: {e}", e.errno)
+        return disk_io_error(e, self.root, what, self.fs_free_bytes)
 
     # ------------------------------------------------------------ read
 
@@ -262,11 +245,7 @@ class DiskStore:
         with self._lock:
             self.bytes_read += n
             if self._index.get((ns, key)) != n:
-                old = self._index.get((ns, key))
-                if old is not None:
-                    self._used -= HEADER_BYTES + old
-                self._index[(ns, key)] = n
-                self._used += HEADER_BYTES + n
+                self._record(ns, key, n)
         return data
 
     def _corrupt(self, path: str, st: os.stat_result, ns: bytes, key: bytes, why: str) -> None:
@@ -298,6 +277,14 @@ class DiskStore:
             self.quarantined += 1
         return True
 
+    def _record(self, ns: bytes, key: bytes, n: int) -> None:
+        """Index the block at n payload bytes (with self._lock held, or alone at open)."""
+        old = self._index.get((ns, key))
+        if old is not None:
+            self._used -= HEADER_BYTES + old
+        self._index[(ns, key)] = n
+        self._used += HEADER_BYTES + n
+
     def _forget(self, ns: bytes, key: bytes) -> None:
         with self._lock:
             old = self._index.pop((ns, key), None)
@@ -322,8 +309,7 @@ class DiskStore:
             return False  # not a block we could serve; a read quarantines it
         with self._lock:
             if (ns, key) not in self._index:
-                self._index[(ns, key)] = st.st_size - HEADER_BYTES
-                self._used += st.st_size
+                self._record(ns, key, st.st_size - HEADER_BYTES)
         return True
 
     def indexed_bytes(self, ns: bytes, key: bytes) -> int | None:
