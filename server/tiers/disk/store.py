@@ -40,6 +40,7 @@ from .pins import Pins
 from .recovery import SCAN_THREADS, RecoveryReport, clean_tmp, scan
 from .verify import VerifyReport, verify_blocks
 
+
 class DiskStore:
     """Blocks in files under one directory. Create with `DiskStore.open`."""
 
