@@ -6,16 +6,11 @@ copy outlives the arena copy, the session that wrote it and the daemon
 process: after a restart the index is rebuilt from the directory before any
 namespace is registered again.
 
-    (state,   event)      -> next       notes
-    (absent,  reserve)    -> writing    bytes taken atomically, or ResourceExhausted
-    (writing, written)    -> stored     visible to lookups, evictable when unpinned
-    (writing, failed)     -> absent     bytes given back
-    (absent,  adopt)      -> stored     found on disk (recovery, another daemon's write)
-    (stored,  pin/unpin)  -> stored     a promotion is reading the file
-    (stored,  evict)      -> absent     LRU among unpinned entries; the caller deletes the file
-    (stored,  drop)       -> absent     the file is gone or corrupt
-
-Eviction is O(1) per entry through the same intrusive free list as the host tier.
+An entry's states and the events that move it are the table in states.py
+(DiskState, DiskEvent, next_disk_state); every method here that changes an
+entry's state goes through it. Eviction takes the least recently used
+unpinned stored entry, O(1) per entry through the same intrusive free list as
+the host tier.
 """
 from __future__ import annotations
 
@@ -23,11 +18,13 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from ..errors import InvalidTransition, InvariantViolation, ResourceExhausted
+from ..errors import InvariantViolation, ResourceExhausted
 from .freelist import FreeList
+from .states import DiskEvent, DiskState, next_disk_state
 
-WRITING = "writing"
-STORED = "stored"
+# The states importers compare with (admin, tests); str-valued, see DiskState.
+WRITING = DiskState.WRITING
+STORED = DiskState.STORED
 
 Where = tuple[bytes, bytes]  # (namespace digest, key)
 
@@ -35,10 +32,10 @@ Where = tuple[bytes, bytes]  # (namespace digest, key)
 class DiskEntry:
     __slots__ = ("where", "nbytes", "state", "pins", "prev", "next")
 
-    def __init__(self, where: Where, nbytes: int, state: str) -> None:
+    def __init__(self, where: Where, nbytes: int) -> None:
         self.where = where
         self.nbytes = nbytes
-        self.state = state
+        self.state = DiskState.ABSENT
         self.pins = 0
         self.prev: Optional[DiskEntry] = None
         self.next: Optional[DiskEntry] = None
@@ -74,7 +71,7 @@ class DiskIndex:
     def get(self, ns: bytes, key: bytes) -> Optional[DiskEntry]:
         """The stored entry for (ns, key), or None (writing counts as absent)."""
         e = self.entries.get((ns, key))
-        return e if e is not None and e.state == STORED else None
+        return e if e is not None and e.state is DiskState.STORED else None
 
     def reserve(self, ns: bytes, key: bytes, nbytes: int) -> Optional[Reservation]:
         """Take `nbytes` for a new copy, evicting LRU unpinned entries if needed.
@@ -97,23 +94,22 @@ class DiskIndex:
             victim = self._lru.popleft()
             if victim is None:
                 raise InvariantViolation(f"disk tier: evictable_bytes={self.evictable_bytes} but no victim")
-            self.evictable_bytes -= victim.nbytes
-            self._remove(victim, "capacity")
+            self._evict(victim, "capacity")
             evicted.append(victim.where)
-        entry = DiskEntry(where, nbytes, WRITING)
+        entry = DiskEntry(where, nbytes)
+        self._apply(entry, DiskEvent.RESERVE)
         self.entries[where] = entry
         self.used_bytes += nbytes
         return Reservation(entry, evicted)
 
     def written(self, entry: DiskEntry) -> None:
-        self._expect(entry, WRITING, "written")
-        entry.state = STORED
+        self._apply(entry, DiskEvent.WRITTEN)
         self.written_blocks += 1
         self.written_bytes += entry.nbytes
         self._link(entry)
 
     def failed(self, entry: DiskEntry) -> None:
-        self._expect(entry, WRITING, "failed")
+        self._apply(entry, DiskEvent.FAILED)
         del self.entries[entry.where]
         self.used_bytes -= entry.nbytes
 
@@ -125,38 +121,42 @@ class DiskIndex:
             return self.entries[where]
         if self.used_bytes + nbytes > self.capacity_bytes:
             return None
-        entry = DiskEntry(where, nbytes, STORED)
+        entry = DiskEntry(where, nbytes)
+        self._apply(entry, DiskEvent.ADOPT)
         self.entries[where] = entry
         self.used_bytes += nbytes
         self._link(entry)
         return entry
 
     def pin(self, entry: DiskEntry) -> None:
-        self._expect(entry, STORED, "pin")
+        self._apply(entry, DiskEvent.PIN)
         if entry.pins == 0:
             self._unlink(entry)
         entry.pins += 1
 
     def unpin(self, entry: DiskEntry) -> None:
-        if entry.pins <= 0:
-            raise InvalidTransition(entry.label(), f"{entry.state} (pins=0)", "unpin",
-                                    "a pin count never goes negative")
+        """Let go of a pin; also of an entry dropped while pinned (then ABSENT)."""
+        self._apply(entry, DiskEvent.UNPIN)
         entry.pins -= 1
-        if entry.pins == 0 and entry.state == STORED and self.entries.get(entry.where) is entry:
+        if entry.pins == 0 and entry.state is DiskState.STORED:
             self._link(entry)
 
     def touch(self, entry: DiskEntry) -> None:
-        """A hit: the entry becomes the most recently used."""
+        """A hit: the entry becomes the most recently used. Recency, not a state
+        change: an entry that is not stored (any more) only counts the hit."""
         self.hit_blocks += 1
-        if entry.pins == 0 and entry.state == STORED:
+        if entry.pins == 0 and entry.state is DiskState.STORED:
             self._unlink(entry)
             self._link(entry)
 
     def drop(self, entry: DiskEntry, reason: str) -> None:
-        """Forget a stored copy whose file is gone or corrupt (pins or not)."""
-        if self.entries.get(entry.where) is not entry:
+        """Forget a stored copy whose file is gone or corrupt (pins or not).
+        Dropping an entry that is gone already (ABSENT) does nothing."""
+        if entry.state is DiskState.ABSENT:
             return
-        if entry.pins == 0 and entry.state == STORED:
+        was_linked = entry.pins == 0 and entry.state is DiskState.STORED
+        self._apply(entry, DiskEvent.DROP)
+        if was_linked:
             self._unlink(entry)
         self._remove(entry, reason)
 
@@ -166,17 +166,27 @@ class DiskIndex:
             victim = self._lru.popleft()
             if victim is None:
                 return out
-            self.evictable_bytes -= victim.nbytes
-            self._remove(victim, reason)
+            self._evict(victim, reason)
             out.append(victim.where)
 
     def __iter__(self) -> Iterator[DiskEntry]:
         return iter(list(self.entries.values()))
 
+    def eviction_order(self) -> list[DiskEntry]:
+        """The unpinned stored entries, the next victim first."""
+        return list(self._lru)
+
     # ------------------------------------------------------------ internals
-    def _expect(self, entry: DiskEntry, state: str, event: str) -> None:
-        if entry.state != state or self.entries.get(entry.where) is not entry:
-            raise InvalidTransition(entry.label(), entry.state, event)
+    def _apply(self, entry: DiskEntry, event: DiskEvent) -> None:
+        """Move `entry` by `event` per the table, or InvalidTransition with
+        nothing changed."""
+        entry.state = next_disk_state(entry, entry.state, event, entry.pins)
+
+    def _evict(self, victim: DiskEntry, reason: str) -> None:
+        """Remove an entry just taken off the LRU list."""
+        self._apply(victim, DiskEvent.EVICT)
+        self.evictable_bytes -= victim.nbytes
+        self._remove(victim, reason)
 
     def _link(self, entry: DiskEntry) -> None:
         self._lru.append(entry)
@@ -192,11 +202,18 @@ class DiskIndex:
         self.evictions[reason] += 1
 
     def check_invariants(self) -> None:
+        for where, e in self.entries.items():
+            if e.where != where or e.state is DiskState.ABSENT:
+                raise InvariantViolation(f"disk: entry {e.label()} is {e.state.value} under "
+                                         f"{where[1].hex()[:16]}")
+            if e.pins < 0 or (e.pins and e.state is not DiskState.STORED):
+                raise InvariantViolation(f"disk: entry {e.label()} is {e.state.value} "
+                                         f"with {e.pins} pins")
         used = sum(e.nbytes for e in self.entries.values())
         if used != self.used_bytes or used > self.capacity_bytes:
             raise InvariantViolation(f"disk: used {self.used_bytes}, entries hold {used}")
-        linked = list(self._lru)
-        expect = [e for e in self.entries.values() if e.state == STORED and e.pins == 0]
+        linked = self.eviction_order()
+        expect = [e for e in self.entries.values() if e.state is DiskState.STORED and e.pins == 0]
         if {id(e) for e in linked} != {id(e) for e in expect} or len(linked) != len(expect):
             raise InvariantViolation("disk: LRU list differs from the unpinned stored entries")
         if sum(e.nbytes for e in linked) != self.evictable_bytes:

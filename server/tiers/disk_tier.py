@@ -189,7 +189,7 @@ class DiskTier:
             return False
         if not found:
             return False
-        nbytes = self.store._index.get((ns.id, key))
+        nbytes = self.store.indexed_bytes(ns.id, key)
         if nbytes != ns.block_bytes:
             return False
         return self.index.adopt(ns.id, key, nbytes) is not None

@@ -1,0 +1,396 @@
+"""DiskStore: blocks in files under one directory that several daemons may share.
+
+The directory is a local disk or a shared mount (NFS, CephFS, 3FS-style). The
+store is pure synchronous I/O: the daemon calls it from a thread pool, off the
+event loop. Calls on different keys may run concurrently from many threads.
+Where the files go is `layout`, their header `header`, how a write becomes
+durable `durability`, the start-up scan `recovery`, pins `pins` and the GC
+lease `gclock`.
+
+Integrity. Every read checks the header against the requested namespace/key/
+length and the payload against its CRC32; a failure raises CorruptBlock and
+moves the file to quarantine/ (a rename, so the evidence is kept), so a
+corrupt block is a miss, never data. A bad header found at open is
+quarantined the same way.
+
+Several daemons, one directory. Each keeps its own in-memory index; a miss
+falls back to the file, so a block written by daemon A is found by daemon B.
+An index hit may be stale (another daemon deleted the file): the read then
+raises NotStored and the entry is dropped.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from kvkeeper.client.arena_format import byte_view
+
+from .durability import DurableDirs, find_syncfs, fsync_dir, is_remote_fs
+from .errors import CorruptBlock, DiskIOError, NotStored, disk_io_error
+from .fileio import CLOEXEC, NOFOLLOW, RDONLY, pread_all, preadv_all, unlink_quiet, write_all
+from .gclock import GcLock
+from .header import HEADER_BYTES, HEADER_FIELDS_BYTES, check_ns_key, pack_header, parse_header
+from .layout import Layout, check_owner, make_dirs, recorded_fanout_levels, tmp_path
+from .pins import Pins
+from .recovery import SCAN_THREADS, RecoveryReport, clean_tmp, scan
+from .verify import VerifyReport, verify_blocks
+
+
+class DiskStore:
+    """Blocks in files under one directory. Create with `DiskStore.open`."""
+
+    def __init__(self, root: str, owner_id: str, fsync: bool, min_free_bytes: int,
+                 fanout_levels: int) -> None:
+        self.root = root
+        self.owner_id = owner_id
+        self.fanout_levels = fanout_levels
+        self.fsync = fsync
+        self.min_free_bytes = min_free_bytes
+        self.layout = Layout(root, fanout_levels)
+        self.blocks_dir = self.layout.blocks_dir
+        self.tmp_dir = self.layout.tmp_dir
+        self.quarantine_dir = self.layout.quarantine_dir
+        self.pins_dir = self.layout.pins_dir
+        self.gc_lock = GcLock(self.layout.gc_dir, self.tmp_dir)
+        self._lock = threading.Lock()
+        self._index: dict[tuple[bytes, bytes], int] = {}   # (ns, key) -> payload bytes
+        self._used = 0                                      # file bytes of indexed blocks
+        self._dirs = DurableDirs(fsync)
+        self._pid = os.getpid()
+        self._pins = Pins(self.layout, self._dirs, self._tmp_path)
+        # syncfs(2) when the directory is local; per-file and directory fsync otherwise.
+        self.syncfs: Callable[[str], None] | None = None
+        # Counters (monotonic), read by the metrics collector.
+        self.bytes_read = 0
+        self.bytes_written = 0
+        self.io_errors = 0
+        self.checksum_failures = 0
+        self.quarantined = 0
+        self.gc_runs = 0
+
+    # ------------------------------------------------------------ open / recovery
+
+    @classmethod
+    def open(cls, root: str, *, owner_id: str, fsync: bool = True, min_free_bytes: int = 0,
+             fanout_levels: int | None = None, tmp_max_age_s: float = 600.0,
+             scan_threads: int | None = None) -> tuple[DiskStore, RecoveryReport]:
+        """Open (creating if needed) the store at `root` and rebuild the index.
+
+        `owner_id` names this daemon among those sharing `root`: stable across
+        restarts, unique among live daemons. `min_free_bytes` > 0 makes a write
+        fail with DiskFull before it would leave less than that free.
+        `fanout_levels` (1 or 2) is fixed when the directory is created and
+        recorded in root/LAYOUT; None takes the recorded one (default 1).
+        `scan_threads` None (auto): threads on a network or FUSE mount, where
+        each open is a round trip; on a local filesystem serial while headers
+        come from the page cache (a restart after kill -9: threads would only
+        fight over the GIL), threads once reads wait on the device (cold cache).
+        """
+        check_owner(owner_id)
+        if min_free_bytes < 0:
+            raise ValueError(f"min_free_bytes must be >= 0, got {min_free_bytes}")
+        if fanout_levels not in (None, 1, 2):
+            raise ValueError(f"fanout_levels must be 1 or 2, got {fanout_levels!r}")
+        t0 = time.perf_counter()
+        root = os.path.abspath(root)
+        make_dirs(root)
+        levels = recorded_fanout_levels(root, fanout_levels)
+        store = cls(root, owner_id, fsync, min_free_bytes, levels)
+        if fsync and not is_remote_fs(root):
+            store.syncfs = find_syncfs()
+        report = RecoveryReport()
+        report.tmp_removed = clean_tmp(store.tmp_dir, owner_id, tmp_max_age_s)
+        if scan_threads is None and is_remote_fs(root):
+            scan_threads = SCAN_THREADS
+        for found, bad in scan(store.layout, scan_threads):
+            for ns, key, plen in found:
+                store._record(ns, key, plen)
+            for path in bad:
+                if store._quarantine(path):
+                    report.quarantined += 1
+        report.blocks = len(store._index)
+        report.bytes = store._used
+        report.seconds = time.perf_counter() - t0
+        return store, report
+
+    # ------------------------------------------------------------ paths
+
+    def block_path(self, ns: bytes, key: bytes) -> str:
+        return self.layout.block_path(ns, key)
+
+    def _tmp_path(self) -> str:
+        return tmp_path(self.tmp_dir, self.owner_id, self._pid)
+
+    # ------------------------------------------------------------ write
+
+    def write(self, ns: bytes, key: bytes, data: Any) -> int:
+        """Store `data` as the block (ns, key), durably; returns bytes on disk.
+        Writing an existing key replaces it (the last rename wins)."""
+        ns, key = check_ns_key(ns, key)
+        src = byte_view(data)
+        n = src.nbytes
+        total = HEADER_BYTES + n
+        path = self.block_path(ns, key)
+        head = pack_header(ns, key, n, zlib.crc32(src) & 0xFFFFFFFF)
+        tmp = self._tmp_path()
+        fd = -1
+        renamed = False
+        try:
+            if self.min_free_bytes:
+                free = self.fs_free_bytes()
+                if free - total < self.min_free_bytes:
+                    raise OSError(errno.ENOSPC, f"would leave under min_free_bytes="
+                                                f"{self.min_free_bytes}")
+            self._dirs.ensure(os.path.dirname(path), self.blocks_dir)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | CLOEXEC | NOFOLLOW, 0o640)
+            write_all(fd, [memoryview(head), src])
+            if self.fsync and self.syncfs is None:
+                os.fsync(fd)
+            os.close(fd)   # NFS reports deferred write errors here
+            fd = -1
+            os.replace(tmp, path)
+            renamed = True
+            if self.fsync:
+                if self.syncfs is not None:
+                    # One flush of the filesystem makes data and rename durable
+                    # together (one journal commit instead of two). A crash before
+                    # it returns can leave a torn file, but the write was not yet
+                    # acknowledged and the CRCs turn a torn file into a miss.
+                    self.syncfs(os.path.dirname(path))
+                else:
+                    fsync_dir(os.path.dirname(path))
+        except OSError as e:
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            unlink_quiet(tmp)
+            if renamed:
+                # Published but not known durable: a failed write leaves no block.
+                unlink_quiet(path)
+                self._forget(ns, key)
+            raise self._io_error(e, f"writing {n} B a block") from e
+        with self._lock:
+            self._record(ns, key, n)
+            self.bytes_written += total
+        return total
+
+    def _io_error(self, e: OSError, what: str) -> DiskIOError:
+        with self._lock:
+            self.io_errors += 1
+        return disk_io_error(e, self.root, what, self.fs_free_bytes)
+
+    # ------------------------------------------------------------ read
+
+    def read_into(self, ns: bytes, key: bytes, out: Any) -> None:
+        """Read the block's payload straight into `out`, a writable buffer of
+        exactly its size. On CorruptBlock the content of `out` is undefined."""
+        dst = byte_view(out, writable=True)
+        self._read(ns, key, dst)
+
+    def read(self, ns: bytes, key: bytes) -> bytes:
+        """The block's payload."""
+        data = self._read(ns, key, None)
+        assert data is not None
+        return data
+
+    def _read(self, ns: Any, key: Any, dst: memoryview | None) -> bytes | None:
+        ns, key = check_ns_key(ns, key)
+        path = self.block_path(ns, key)
+        what = f"reading a block"
+        try:
+            fd = os.open(path, RDONLY)
+        except FileNotFoundError:
+            self._forget(ns, key)
+            raise NotStored(f"a block is not on the disk tier") from None
+        except OSError as e:
+            raise self._io_error(e, what) from e
+        try:
+            try:
+                raw = os.pread(fd, HEADER_FIELDS_BYTES, 0)
+                st = os.fstat(fd)
+            except OSError as e:
+                raise self._io_error(e, what) from e
+            h = parse_header(raw)
+            if h is not None and h.ns != ns and h.ns.hex()[:16] == ns.hex()[:16]:
+                # Another namespace whose digest shares 64 bits with ours: its
+                # block, intact, not ours. A miss, not corruption.
+                raise NotStored(f"a block is not on the disk tier")
+            if h is None or h.ns != ns or h.key != key or st.st_size != HEADER_BYTES + h.payload_bytes:
+                self._corrupt(path, st, ns, key, "bad header or truncated file")
+            assert h is not None
+            n = h.payload_bytes
+            if dst is not None and dst.nbytes != n:
+                raise ValueError(f"out holds {dst.nbytes} bytes, the block {n}")
+            data: bytes | None = None
+            try:
+                if dst is None:
+                    data = pread_all(fd, n)
+                    got, view = len(data), memoryview(data)
+                else:
+                    got, view = preadv_all(fd, dst), dst
+            except OSError as e:
+                raise self._io_error(e, what) from e
+            if got != n:
+                self._corrupt(path, st, ns, key, "file shrank while being read")
+            if zlib.crc32(view) & 0xFFFFFFFF != h.crc:
+                self._corrupt(path, st, ns, key, "payload checksum mismatch")
+        finally:
+            os.close(fd)
+        with self._lock:
+            self.bytes_read += n
+            if self._index.get((ns, key)) != n:
+                self._record(ns, key, n)
+        return data
+
+    def _corrupt(self, path: str, st: os.stat_result, ns: bytes, key: bytes, why: str) -> None:
+        with self._lock:
+            self.checksum_failures += 1
+        # Quarantine only the file we read: a writer may have just replaced it.
+        try:
+            now = os.stat(path, follow_symlinks=False)
+            if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+                self._quarantine(path)
+        except OSError:
+            pass
+        self._forget(ns, key)
+        raise CorruptBlock(f"a block on the disk tier failed its check ({why}); "
+                           "moved to quarantine, treat it as a miss")
+
+    def _quarantine(self, path: str) -> bool:
+        """Move a bad block file to quarantine/, keeping its name, plus a timestamp."""
+        dst = self.layout.quarantine_path(path)
+        try:
+            os.rename(path, dst)
+        except FileNotFoundError:
+            return False  # another daemon moved or deleted it first
+        except OSError:
+            with self._lock:
+                self.io_errors += 1
+            return False
+        with self._lock:
+            self.quarantined += 1
+        return True
+
+    def _record(self, ns: bytes, key: bytes, n: int) -> None:
+        """Index the block at n payload bytes (with self._lock held, or alone at open)."""
+        old = self._index.get((ns, key))
+        if old is not None:
+            self._used -= HEADER_BYTES + old
+        self._index[(ns, key)] = n
+        self._used += HEADER_BYTES + n
+
+    def _forget(self, ns: bytes, key: bytes) -> None:
+        with self._lock:
+            old = self._index.pop((ns, key), None)
+            if old is not None:
+                self._used -= HEADER_BYTES + old
+
+    # ------------------------------------------------------------ index
+
+    def contains(self, ns: bytes, key: bytes) -> bool:
+        """Whether the block is stored: the index, then the file (written by
+        another daemon). A stale index hit shows up as NotStored on read."""
+        ns, key = check_ns_key(ns, key)
+        if (ns, key) in self._index:
+            return True
+        try:
+            st = os.stat(self.block_path(ns, key), follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            raise self._io_error(e, f"looking up a block") from e
+        if st.st_size < HEADER_BYTES:
+            return False  # not a block we could serve; a read quarantines it
+        with self._lock:
+            if (ns, key) not in self._index:
+                self._record(ns, key, st.st_size - HEADER_BYTES)
+        return True
+
+    def indexed_bytes(self, ns: bytes, key: bytes) -> int | None:
+        """The payload size this daemon's index records for the block, or None;
+        no I/O (call `contains` first to fall back to the file)."""
+        return self._index.get(check_ns_key(ns, key))
+
+    def delete(self, ns: bytes, key: bytes) -> int:
+        """Remove the block; returns the file bytes freed (0 if it was not there)."""
+        ns, key = check_ns_key(ns, key)
+        path = self.block_path(ns, key)
+        try:
+            size = os.stat(path, follow_symlinks=False).st_size
+            os.unlink(path)
+        except FileNotFoundError:
+            size = 0
+        except OSError as e:
+            raise self._io_error(e, f"deleting a block") from e
+        self._forget(ns, key)
+        return size
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @property
+    def used_bytes(self) -> int:
+        """File bytes (headers + payloads) of the indexed blocks."""
+        return self._used
+
+    def fs_free_bytes(self) -> int:
+        """Bytes the filesystem under root still gives an unprivileged writer."""
+        st = os.statvfs(self.root)
+        return st.f_bavail * st.f_frsize
+
+    def iter_index(self) -> Iterator[tuple[bytes, bytes, int]]:
+        """(ns, key, payload bytes) of every indexed block, from a snapshot."""
+        with self._lock:
+            items = list(self._index.items())
+        for (ns, key), n in items:
+            yield ns, key, n
+
+    def verify_all(self, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+        """Re-check every indexed block's checksum; bad ones are quarantined."""
+        return verify_blocks(list(self.iter_index()), self.read_into, self.read, progress)
+
+    # ------------------------------------------------------------ pins
+
+    def pin(self, ns: bytes, key: bytes, owner: str, ttl_s: float,
+            now: float | None = None) -> None:
+        """Write or refresh `owner`'s pin on the block, valid for ttl_s seconds."""
+        ns, key = check_ns_key(ns, key)
+        check_owner(owner)
+        now = time.time() if now is None else now
+        try:
+            self._pins.write(ns, key, owner, now + ttl_s)
+        except OSError as e:
+            raise self._io_error(e, "pinning a block") from e
+
+    def unpin(self, ns: bytes, key: bytes, owner: str) -> None:
+        ns, key = check_ns_key(ns, key)
+        check_owner(owner)
+        self._pins.remove(ns, key, owner)
+
+    def pinned_by_others(self, ns: bytes, key: bytes, owner: str,
+                         now: float | None = None) -> bool:
+        """Whether an owner other than `owner` holds an unexpired pin on the block."""
+        ns, key = check_ns_key(ns, key)
+        return self._pins.held_by_others(ns, key, owner, time.time() if now is None else now)
+
+    def delete_if_unpinned(self, ns: bytes, key: bytes, owner: str,
+                           now: float | None = None) -> int | None:
+        """Delete the block unless another owner pins it: bytes freed, or None if refused."""
+        if self.pinned_by_others(ns, key, owner, now):
+            return None
+        return self.delete(ns, key)
+
+    def sweep_pins(self, now: float | None = None) -> int:
+        """Remove expired pins (of any owner); the GC-lock holder runs this.
+        Returns how many were removed."""
+        removed = self._pins.sweep(time.time() if now is None else now)
+        with self._lock:
+            self.gc_runs += 1
+        return removed
