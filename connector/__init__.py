@@ -20,7 +20,10 @@ settings. Modules, one concept each:
   metadata   what the scheduler side tells the workers each step, and back (vLLM)
   stats      counters -> vLLM's KVConnectorStats and Prometheus metrics (vLLM)
   scheduler  lookups, load and save plans, releases (scheduler role)
-  worker     loads into and saves out of the KV cache (worker role; torch)
+  io_thread  the worker's I/O thread, on the cores vLLM leaves spare (cpus)
+  load/      loads into the KV cache: fetching, the load strategies, streaming (torch)
+  save       the save thread: blocks copied out of the KV cache and sent (torch)
+  worker     a TP rank's loads and saves, as vLLM's hooks call them (worker role; torch)
   connector  the KVConnectorBase_V1 subclass, dispatching by role (vLLM)
 
 `KVKeeperConnector` is imported on first access, so `kvkeeper.connector.keys`
