@@ -19,11 +19,15 @@ settings. Modules, one concept each:
   releaser   lease releases on a background thread (kvkeeper.client)
   metadata   what the scheduler side tells the workers each step, and back (vLLM)
   stats      counters -> vLLM's KVConnectorStats and Prometheus metrics (vLLM)
+  cpus       the CPUs the connector's own threads run on
   scheduler  lookups, load and save plans, releases (scheduler role)
   io_thread  the worker's I/O thread, on the cores vLLM leaves spare (cpus)
   load/      loads into the KV cache: fetching, the load strategies, streaming (torch)
   save       the save thread: blocks copied out of the KV cache and sent (torch)
   worker     a TP rank's loads and saves, as vLLM's hooks call them (worker role; torch)
+  guard      every vLLM hook guarded: an exception is logged and answered by a fallback
+  sides      a connector's scheduler or worker side built from vLLM's config
+  vllm_logging  kvkeeper's logs through vLLM's handler
   connector  the KVConnectorBase_V1 subclass, dispatching by role (vLLM)
 
 `KVKeeperConnector` is imported on first access, so `kvkeeper.connector.keys`
