@@ -20,7 +20,10 @@ settings. Modules, one concept each:
   metadata   what the scheduler side tells the workers each step, and back (vLLM)
   stats      counters -> vLLM's KVConnectorStats and Prometheus metrics (vLLM)
   cpus       the CPUs the connector's own threads run on
-  scheduler  lookups, load and save plans, releases (scheduler role)
+  sched_state  the scheduler side's per-request state
+  lookup     a lookup in flight on every TP rank and the lease its answer holds
+  save_plan  the step's SaveSpecs
+  scheduler  lookups, load and save plans, releases, as vLLM's hooks call them (scheduler role)
   io_thread  the worker's I/O thread, on the cores vLLM leaves spare (cpus)
   load/      loads into the KV cache: fetching, the load strategies, streaming (torch)
   save       the save thread: blocks copied out of the KV cache and sent (torch)

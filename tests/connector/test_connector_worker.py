@@ -112,6 +112,10 @@ def test_saved_blocks_load_into_other_block_ids(daemon: DaemonProcess, transport
         assert daemon.stats().tiers[0].blocks == 3
         errors, wm = load(b, ks, [0, 9, 5])
         assert errors == set() and wm.loads_done == {1: {0: (3, ())}}
+        # the worker's observation point: the phases this load went through
+        phases = set(b.load_timings.as_dict())
+        assert {"fetch", "stream", "stream_first", "stream_copy"} <= phases \
+            if transport == "stream" else {"fetch", "copy", "check"} <= phases, phases
         if placement == "halves" and transport == "auto":
             assert isinstance(b.load_strategy, HalvesLoad) and \
                 b.load_timings.copy == b.load_timings.check, "the halves path ran"
