@@ -92,7 +92,7 @@ class TimedKVKeeperConnector(_TimedLookup, KVKeeperConnector):
 
     def register_kv_caches(self, kv_caches: Any) -> None:
         super().register_kv_caches(kv_caches)
-        w = self._worker
+        w = self.worker_side
         if w is None or getattr(w, "link", None) is None:
             return
         orig_call, rec = w.link.call, self._rec
