@@ -19,8 +19,18 @@ settings. Modules, one concept each:
   releaser   lease releases on a background thread (kvkeeper.client)
   metadata   what the scheduler side tells the workers each step, and back (vLLM)
   stats      counters -> vLLM's KVConnectorStats and Prometheus metrics (vLLM)
-  scheduler  lookups, load and save plans, releases (scheduler role)
-  worker     loads into and saves out of the KV cache (worker role; torch)
+  cpus       the CPUs the connector's own threads run on
+  sched_state  the scheduler side's per-request state
+  lookup     a lookup in flight on every TP rank and the lease its answer holds
+  save_plan  the step's SaveSpecs
+  scheduler  lookups, load and save plans, releases, as vLLM's hooks call them (scheduler role)
+  io_thread  the worker's I/O thread, on the cores vLLM leaves spare (cpus)
+  load/      loads into the KV cache: fetching, the load strategies, streaming (torch)
+  save       the save thread: blocks copied out of the KV cache and sent (torch)
+  worker     a TP rank's loads and saves, as vLLM's hooks call them (worker role; torch)
+  guard      every vLLM hook guarded: an exception is logged and answered by a fallback
+  sides      a connector's scheduler or worker side built from vLLM's config
+  vllm_logging  kvkeeper's logs through vLLM's handler
   connector  the KVConnectorBase_V1 subclass, dispatching by role (vLLM)
 
 `KVKeeperConnector` is imported on first access, so `kvkeeper.connector.keys`

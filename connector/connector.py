@@ -1,10 +1,11 @@
 """KVKeeperConnector: the KVConnectorBase_V1 subclass vLLM instantiates.
 
 vLLM creates one per role: SCHEDULER in the engine core, WORKER in every
-worker process. This class only dispatches to SchedulerSide / WorkerSide and
-makes sure nothing the connector does can take vLLM down: every entry point
-is wrapped, an exception is logged (rate-limited) and becomes "no hit" /
-"no save" / "these blocks failed to load, recompute them". A layout the
+worker process. This class only dispatches to SchedulerSide / WorkerSide
+(built by sides.py) and makes sure nothing the connector does can take vLLM
+down: every entry point is guarded (guard.py), an exception is logged
+(rate-limited) and becomes "no hit" / "no save" / "these blocks failed to
+load, recompute them". A layout the
 connector cannot serve disables it, with an error in the log, instead of
 failing the engine's start; so does a daemon that cannot be reached (every
 lookup is a miss until it answers). An invalid kv_connector_extra_config is
@@ -13,11 +14,7 @@ at start-up, because a typo would otherwise turn the cache off unnoticed.
 """
 from __future__ import annotations
 
-import functools
 import logging
-import os
-import socket
-import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
@@ -27,12 +24,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from .config import ConfigError, ConnectorConfig
-from .layout import KVLayout, layout_from_config, namespace_descriptor
-from .link import DaemonLink
-from .model_identity import model_identity
+from .guard import (FailureLog, answer_empty_meta, answer_miss, answer_no_errors, answer_none,
+                    answer_not_delayed, guarded)
+from .layout import layout_from_config
 from .metadata import KVKeeperConnectorMetadata
 from .scheduler import SchedulerSide
+from .sides import SideBuilder
 from .stats import KVKeeperPromMetrics, KVKeeperStats
+from .vllm_logging import adopt_vllm_logging
 
 if TYPE_CHECKING:
     import torch
@@ -46,72 +45,18 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
     from .stats import KVConnectorStats
+    from .worker import WorkerSide
 
 __all__ = ["KVKeeperConnector"]
 
 log = logging.getLogger("kvkeeper.connector")
 
-_LOG_EVERY_S = 30.0
-
-
-def _adopt_vllm_logging() -> None:
-    """Print kvkeeper's logs (connector and client) through vLLM's handler, with
-    its format and level, unless the application configured "kvkeeper" itself."""
-    ours = logging.getLogger("kvkeeper")
-    theirs = logging.getLogger("vllm")
-    if ours.handlers or not theirs.handlers or logging.getLogger().handlers:
-        return  # configured already, or vLLM's logging is off, or the app logs via root
-    for h in theirs.handlers:
-        ours.addHandler(h)
-    if ours.level == logging.NOTSET:
-        ours.setLevel(theirs.level)
-
-
-_adopt_vllm_logging()
-
-
-def _guarded(fallback: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Run the hook; on any exception log it (at most every 30 s per hook) and
-    return fallback(self, *args)."""
-    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def wrapper(self: "KVKeeperConnector", *args: Any, **kwargs: Any) -> Any:
-            try:
-                return fn(self, *args, **kwargs)
-            except Exception as e:  # noqa: BLE001 - the point of this wrapper
-                self._log_failure(fn.__name__, e)
-                try:
-                    return fallback(self, *args, **kwargs)
-                except Exception as e2:  # noqa: BLE001
-                    self._log_failure(fn.__name__ + "/fallback", e2)
-                    return None
-        return wrapper
-    return deco
-
-
-def _none(self: Any, *a: Any, **k: Any) -> None:
-    return None
-
-
-def _miss(self: Any, *a: Any, **k: Any) -> Tuple[int, bool]:
-    return 0, False
-
-
-def _not_delayed(self: Any, *a: Any, **k: Any) -> Tuple[bool, None]:
-    return False, None
-
-
-def _empty_meta(self: Any, *a: Any, **k: Any) -> KVKeeperConnectorMetadata:
-    return KVKeeperConnectorMetadata()
+adopt_vllm_logging()
 
 
 def _fail_loads(self: "KVKeeperConnector", *a: Any, **k: Any) -> None:
     if self._worker is not None and self.has_connector_metadata():
         self._worker.fail_loads(self._get_connector_metadata())
-
-
-def _no_errors(self: Any, *a: Any, **k: Any) -> set:
-    return set()
 
 
 class KVKeeperConnector(KVConnectorBase_V1):
@@ -123,9 +68,9 @@ class KVKeeperConnector(KVConnectorBase_V1):
                  kv_cache_config: "KVCacheConfig | None" = None) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         self._sched: Optional[SchedulerSide] = None
-        self._worker: Any = None   # worker.WorkerSide (imported lazily: it needs torch)
+        self._worker: "Optional[WorkerSide]" = None   # imported lazily: it needs torch
         self._disabled: Optional[str] = None
-        self._last_log: Dict[str, float] = {}
+        self.hook_failures = FailureLog()   # the guarded hooks' errors, rate-limited
         self._saving: set = set()    # scheduler: requests that planned saves
         self._delayed: set = set()   # scheduler: frees delayed, for the next step's metadata
         ktc = self._kv_transfer_config
@@ -146,11 +91,12 @@ class KVKeeperConnector(KVConnectorBase_V1):
         except Exception as e:
             self._disable(str(e))
             return
+        sides = SideBuilder(vllm_config, ktc)
         try:
             if role == KVConnectorRole.SCHEDULER:
-                self._sched = self._build_scheduler(cfg, layout)
+                self._sched = sides.scheduler(cfg, layout)
             else:
-                self._worker = self._build_worker(cfg, layout)
+                self._worker = sides.worker(cfg, layout)
         except Exception as e:
             log.exception("kvkeeper: setting up the %s side failed", role.name.lower())
             self._disable(str(e))
@@ -165,65 +111,9 @@ class KVKeeperConnector(KVConnectorBase_V1):
             # Still answer for loads the scheduler may plan (its side may be
             # fine): report their blocks as failed, so vLLM recomputes them.
             try:
-                from .worker import WorkerSide
-                self._worker = WorkerSide(None, None, 0, None)
-                self._worker.disable(reason)
+                self._worker = SideBuilder.disabled_worker(reason)
             except Exception as e:  # noqa: BLE001
                 log.error("kvkeeper: cannot even build a disabled worker side: %s", e)
-
-    def _instance_id(self, what: str) -> str:
-        engine = getattr(self._kv_transfer_config, "engine_id", "") or ""
-        return f"vllm {socket.gethostname()} pid {os.getpid()} engine {engine} {what}"[:256]
-
-    def _link(self, cfg: ConnectorConfig, ns: Dict[str, Any], timeout: float,
-              what: str) -> DaemonLink:
-        return DaemonLink(cfg.url, ns, instance_id=self._instance_id(what), timeout=timeout,
-                          max_retries=cfg.max_retries, transport=cfg.transport,
-                          checksum=cfg.checksum, reconnect_min_s=cfg.reconnect_min_s,
-                          reconnect_max_s=cfg.reconnect_max_s, name=f"kvkeeper[{what}]")
-
-    def _model_id(self, cfg: ConnectorConfig) -> str:
-        model = str(getattr(self._vllm_config.model_config, "model", "") or "")
-        ident = model_identity(model, cfg.model_id)
-        log.info("kvkeeper: model identity %r, from %s (engines share blocks only with the "
-                 "same identity; kvkeeper_model_id sets it)", ident.model_id, ident.source)
-        return ident.model_id
-
-    def _namespace(self, cfg: ConnectorConfig, layout: KVLayout, model_id: str, rank: int,
-                   size: int) -> Dict[str, Any]:
-        return namespace_descriptor(self._vllm_config, layout, tp_rank=rank, tp_size=size,
-                                    model_id=model_id, model_revision=cfg.model_revision)
-
-    def _tp_size(self) -> int:
-        return int(getattr(self._vllm_config.parallel_config, "tensor_parallel_size", 1) or 1)
-
-    def _build_scheduler(self, cfg: ConnectorConfig, layout: KVLayout) -> SchedulerSide:
-        size = self._tp_size()
-        mid = self._model_id(cfg)
-        nss = [self._namespace(cfg, layout, mid, r, size) for r in range(size)]
-        links = [self._link(cfg, ns, cfg.lookup_timeout_s, f"scheduler tp{r}")
-                 for r, ns in enumerate(nss)]
-        log.info("kvkeeper: scheduler side for %s, namespace %s", cfg.url, nss[0])
-        return SchedulerSide(cfg, layout, nss, links)
-
-    def _build_worker(self, cfg: ConnectorConfig, layout: KVLayout) -> Any:
-        from .worker import WorkerSide  # torch, only in workers
-
-        size = self._tp_size()
-        rank = 0
-        if size > 1:
-            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
-            rank = get_tensor_model_parallel_rank()
-        ns = self._namespace(cfg, layout, self._model_id(cfg), rank, size)
-        link = self._link(cfg, ns, cfg.io_timeout_s, f"worker tp{rank}")
-        return WorkerSide(cfg, layout, rank, link)
-
-    def _log_failure(self, hook: str, exc: BaseException) -> None:
-        now = time.monotonic()
-        if now - self._last_log.get(hook, -1e9) >= _LOG_EVERY_S:
-            self._last_log[hook] = now
-            log.error("kvkeeper: %s failed; treated as a miss / no save: %s", hook, exc,
-                      exc_info=True)
 
     # ---- properties vLLM reads
 
@@ -237,19 +127,19 @@ class KVKeeperConnector(KVConnectorBase_V1):
         return self._sched
 
     @property
-    def worker_side(self) -> Any:
+    def worker_side(self) -> "Optional[WorkerSide]":
         return self._worker
 
     # ==============================
     # Worker-side methods
     # ==============================
 
-    @_guarded(_none)
+    @guarded(answer_none)
     def register_kv_caches(self, kv_caches: Dict[str, "torch.Tensor"]) -> None:
         if self._worker is not None:
             self._worker.register_kv_caches(kv_caches, self._kv_cache_config.num_blocks)
 
-    @_guarded(_fail_loads)
+    @guarded(_fail_loads)
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         if not self.has_connector_metadata():
             return
@@ -261,7 +151,7 @@ class KVKeeperConnector(KVConnectorBase_V1):
                                f"({self._disabled})")
         self._worker.start_load_kv(meta)
 
-    @_guarded(_none)
+    @guarded(answer_none)
     def wait_for_layer_load(self, layer_name: str) -> None:
         if self._worker is not None:
             self._worker.wait_for_layer_load(layer_name)
@@ -270,7 +160,7 @@ class KVKeeperConnector(KVConnectorBase_V1):
                       attn_metadata: "AttentionMetadata", **kwargs: Any) -> None:
         return  # wait_for_save copies every layer's blocks out after the forward
 
-    @_guarded(_none)
+    @guarded(answer_none)
     def wait_for_save(self) -> None:
         if self._worker is None or not self.has_connector_metadata():
             return
@@ -289,7 +179,7 @@ class KVKeeperConnector(KVConnectorBase_V1):
             if self._worker is not None:
                 self._worker.copy_out_for(notices)
         except Exception as e:  # noqa: BLE001 - copy_out never leaves a copy running
-            self._log_failure("get_finished", e)
+            self.hook_failures.failed("get_finished", e)
         return set(notices), None
 
     def _free_notices(self) -> set:
@@ -298,30 +188,30 @@ class KVKeeperConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         return set(getattr(meta, "free_after_save", ()) or ())
 
-    @_guarded(_none)
+    @guarded(answer_none)
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         preempted = getattr(kv_connector_metadata, "preempted", None)
         if preempted and self._worker is not None:
             self._worker.copy_out_for(set(preempted))
 
-    @_guarded(_no_errors)
+    @guarded(answer_no_errors)
     def get_block_ids_with_load_errors(self) -> set[int]:
         if self._worker is None:
             return set()
         return self._worker.take_load_errors()
 
-    @_guarded(_none)
+    @guarded(answer_none)
     def build_connector_worker_meta(self) -> Optional[KVConnectorWorkerMetadata]:
         if self._worker is None:
             return None
         return self._worker.build_worker_meta()
 
-    @_guarded(_none)
+    @guarded(answer_none)
     def get_kv_connector_stats(self) -> "Optional[KVConnectorStats]":
         side = self._worker if self._worker is not None else self._sched
         return side.take_stats() if side is not None else None
 
-    @_guarded(_none)
+    @guarded(answer_none)
     def shutdown(self) -> None:
         if self._worker is not None:
             self._worker.shutdown()
@@ -332,19 +222,19 @@ class KVKeeperConnector(KVConnectorBase_V1):
     # Scheduler-side methods
     # ==============================
 
-    @_guarded(_none)
+    @guarded(answer_none)
     def on_new_request(self, request: "Request") -> None:
         if self._sched is not None:
             self._sched.on_new_request(request)
 
-    @_guarded(_miss)
+    @guarded(answer_miss)
     def get_num_new_matched_tokens(self, request: "Request",
                                    num_computed_tokens: int) -> Tuple[Optional[int], bool]:
         if self._sched is None:
             return 0, False
         return self._sched.get_num_new_matched_tokens(request, num_computed_tokens)
 
-    @_guarded(_none)
+    @guarded(answer_none)
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
                                  num_external_tokens: int) -> None:
         if self._sched is not None:
@@ -360,7 +250,7 @@ class KVKeeperConnector(KVConnectorBase_V1):
         meta.preempted = set(getattr(scheduler_output, "preempted_req_ids", None) or ())
         return meta
 
-    @_guarded(_empty_meta)
+    @guarded(answer_empty_meta)
     def _build_meta(self, scheduler_output: "SchedulerOutput") -> KVKeeperConnectorMetadata:
         if self._sched is None:
             return KVKeeperConnectorMetadata()
@@ -379,12 +269,12 @@ class KVKeeperConnector(KVConnectorBase_V1):
 
         return get
 
-    @_guarded(_none)
+    @guarded(answer_none)
     def update_connector_output(self, connector_output: Any) -> None:
         if self._sched is not None:
             self._sched.update_connector_output(connector_output)
 
-    @_guarded(_not_delayed)
+    @guarded(answer_not_delayed)
     def request_finished(self, request: "Request",
                          block_ids: List[int]) -> Tuple[bool, Optional[Dict[str, Any]]]:
         report = self._sched.request_finished(request) if self._sched is not None else None

@@ -35,9 +35,9 @@ Timeline of one request (see the seed notes on UCM's, which this follows):
    blocks, so the daemon drops them).
 6. request_finished: whatever lease is still held is released (abort,
    preemption, a load never reported), and a lookup still pending releases
-   its lease when it lands. Saves never delay the free: workers copy a step's
-   blocks out of the KV cache before the step ends (see worker.py), so vLLM
-   may reuse them as soon as the request is done.
+   its lease when it lands. A request that planned saves has its free
+   delayed (connector.py) until every worker has copied its blocks out of
+   the KV cache (see save.py), the next step.
 
 A request asked again after its answer was used (not scheduled for lack of
 space, or resumed after preemption) drops its lease and is looked up again;
@@ -50,78 +50,26 @@ the scheduler's lease guarantees the blocks are still there when it does.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from dataclasses import replace
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .config import ConnectorConfig
 from .keys import KeyChain, hit_tokens, matchable_blocks, namespace_seed
 from .layout import KVLayout
 from .link import DaemonLink, LinkDown
-from .metadata import KVKeeperConnectorMetadata, KVKeeperWorkerMetadata, LoadSpec, SaveSpec
+from .lookup import Lease, Lookup, match_with_refs, wait_all
+from .metadata import KVKeeperConnectorMetadata, KVKeeperWorkerMetadata, LoadSpec
 from .releaser import Releaser
+from .save_plan import plan_saves
+from .sched_state import RequestState, request_seed_inputs
 from .stats import Counters, KVKeeperStats
 
-__all__ = ["SchedulerSide", "request_seed_inputs"]
+__all__ = ["SchedulerSide"]
 
 log = logging.getLogger("kvkeeper.connector")
-
-
-def request_seed_inputs(request: Any) -> Tuple[Optional[str], Optional[str], List[str]]:
-    """(cache_salt, lora tag, multimodal identities) of a vLLM Request: what,
-    besides the tokens and the namespace, changes a request's KV."""
-    salt = getattr(request, "cache_salt", None)
-    lora = getattr(request, "lora_request", None)
-    tag = None
-    if lora is not None:
-        name = getattr(lora, "lora_name", None) or getattr(lora, "name", None)
-        tag = str(name) if name else f"id:{getattr(lora, 'lora_int_id', '')}"
-    mm: List[str] = []
-    for f in getattr(request, "mm_features", None) or ():
-        pos = getattr(f, "mm_position", None)
-        off = getattr(pos, "offset", "")
-        length = getattr(pos, "length", "")
-        mm.append(f"{getattr(f, 'identifier', '')}@{off}+{length}")
-    return salt, tag, mm
-
-
-@dataclass
-class _Lease:
-    ids: List[Optional[int]]   # per TP rank; None where that rank matched nothing
-    start: int                 # first block (index in the request) to load; the
-    #                            lease itself covers blocks from 0 on
-    blocks: int                # blocks from `start` on matched on every rank
-    computed: int = 0          # tokens vLLM had already (the hit is counted after them)
-    base: int = 0              # request block at the daemon leases' position 0 (once narrowed)
-    report: Optional[Dict[str, int]] = None   # the LookupReport, less loaded_blocks
-    refs: List[Sequence[Any]] = field(default_factory=list)   # per rank: BlockRefs from block 0
-    arenas: List[Optional[bytes]] = field(default_factory=list)   # per rank: the refs' arena
-
-
-@dataclass
-class _Lookup:
-    futures: List[Future[Any]]   # per TP rank: MatchResult of Match(keys[0:limit], lease)
-    limit: int                     # blocks looked up, from block 0
-    deadline: float                # a miss if not answered by then
-
-    def done(self) -> bool:
-        return all(f.done() for f in self.futures)
-
-
-@dataclass
-class _Req:
-    request: Any
-    chains: List[KeyChain]
-    cacheable: bool
-    lease: Optional[_Lease] = None
-    lookup: Optional[_Lookup] = None     # in flight, its answer not used yet
-    saved_blocks: Optional[int] = None   # leading blocks stored or planned; None: unknown yet
-    hit_tokens: int = 0
-    saved_total: int = 0
-    loads: Set[int] = field(default_factory=set)   # load ids in flight
 
 
 class SchedulerSide:
@@ -141,19 +89,19 @@ class SchedulerSide:
         self.links = list(links)
         self.releasers = list(releasers) if releasers is not None else [Releaser(l) for l in links]
         self.counters = counters or Counters()
-        self._reqs: Dict[str, _Req] = {}
-        self._pending_loads: List[Tuple[str, LoadSpec, _Lease]] = []
-        self._inflight: Dict[int, Tuple[str, _Lease]] = {}   # load id -> (req id, lease)
+        self._reqs: Dict[str, RequestState] = {}
+        self._pending_loads: List[Tuple[str, LoadSpec, Lease]] = []
+        self._inflight: Dict[int, Tuple[str, Lease]] = {}   # load id -> (req id, lease)
         self._next_load_id = 1
         self.loads_disabled: Optional[str] = None   # set when a worker cannot load
         self._clock = clock
         # wait(futures, timeout): returns when all are done or timeout seconds passed
-        self._wait = wait or _wait_all
+        self._wait = wait or wait_all
         self._wait_left = cfg.lookup_wait_s   # of this scheduling step
 
     # ---- per-request state
 
-    def _state(self, request: Any) -> _Req:
+    def _state(self, request: Any) -> RequestState:
         rid = request.request_id
         st = self._reqs.get(rid)
         if st is None or st.request is not request:
@@ -164,14 +112,11 @@ class SchedulerSide:
             cacheable = getattr(request, "prompt_embeds", None) is None
             chains = [KeyChain(namespace_seed(ns, cache_salt=salt, lora=lora, extra=mm), self.bs)
                       for ns in self.namespaces]
-            st = _Req(request=request, chains=chains, cacheable=cacheable)
+            st = RequestState(request=request, chains=chains, cacheable=cacheable)
             self._reqs[rid] = st
         return st
 
-    def _keys(self, st: _Req, rank: int, start: int, end: int) -> Tuple[bytes, ...]:
-        return tuple(st.chains[rank].keys(st.request.all_token_ids, end)[start:end])
-
-    def _release(self, lease: Optional[_Lease],
+    def _release(self, lease: Optional[Lease],
                  discard: Optional[Dict[int, Sequence[int]]] = None, loaded: int = 0) -> None:
         """Release every rank's lease; discard[rank]: lease positions to drop;
         with the lookup's report, `loaded` blocks (from lease.start) count as hits."""
@@ -182,17 +127,17 @@ class SchedulerSide:
             self.releasers[rank].release(lid, discard_indices=(discard or {}).get(rank, ()),
                                          report=report)
 
-    def _drop_lease(self, st: _Req) -> None:
+    def _drop_lease(self, st: RequestState) -> None:
         lease, st.lease = st.lease, None
         self._release(lease)
 
     # ---- lookups
 
-    def _may_load(self, st: _Req) -> bool:
+    def _may_load(self, st: RequestState) -> bool:
         return bool(self.cfg.load and st.cacheable and not self.loads_disabled
                     and not getattr(st.request, "skip_reading_prefix_cache", False))
 
-    def _start_lookup(self, st: _Req) -> bool:
+    def _start_lookup(self, st: RequestState) -> bool:
         """Submit Match(lease) of the request's full blocks from block 0 on every
         rank; False when there is nothing a hit could cover."""
         limit = matchable_blocks(st.request.num_tokens, self.bs)
@@ -200,12 +145,12 @@ class SchedulerSide:
             return False
         futures = []
         for rank, link in enumerate(self.links):
-            keys = list(self._keys(st, rank, 0, limit))
-            futures.append(link.submit(lambda c, keys=keys: _match(c, keys), "lookup"))
-        st.lookup = _Lookup(futures, limit, self._clock() + self.cfg.lookup_timeout_s)
+            keys = list(st.keys(rank, 0, limit))
+            futures.append(link.submit(lambda c, keys=keys: match_with_refs(c, keys), "lookup"))
+        st.lookup = Lookup(futures, limit, self._clock() + self.cfg.lookup_timeout_s)
         return True
 
-    def _forget_lookup(self, st: _Req) -> None:
+    def _forget_lookup(self, st: RequestState) -> None:
         """Nobody will use st's lookup: release its leases whenever it lands."""
         lk, st.lookup = st.lookup, None
         if lk is None:
@@ -219,7 +164,7 @@ class SchedulerSide:
             return
         self.releasers[rank].release(getattr(fut.result()[0], "lease_id", None))
 
-    def _wait_for(self, lk: _Lookup) -> None:
+    def _wait_for(self, lk: Lookup) -> None:
         budget = min(self._wait_left, lk.deadline - self._clock())
         if budget < 1e-6:
             return
@@ -227,27 +172,10 @@ class SchedulerSide:
         self._wait(lk.futures, budget)
         self._wait_left -= max(0.0, self._clock() - t)
 
-    def _answer(self, st: _Req, lk: _Lookup, num_computed_tokens: int) -> Tuple[int, bool]:
+    def _answer(self, st: RequestState, lk: Lookup, num_computed_tokens: int) -> Tuple[int, bool]:
         request = st.request
-        ids: List[Optional[int]] = []
-        matched = lk.limit
-        error: Optional[BaseException] = None
-        refs: List[Sequence[Any]] = []
-        arenas: List[Optional[bytes]] = []
-        per_rank: List[int] = []
-        for fut in lk.futures:
-            try:
-                res, arena = fut.result()
-            except Exception as e:
-                error = error or e
-                ids.append(None)
-                continue
-            ids.append(res.lease_id)
-            refs.append(res.blocks)
-            arenas.append(arena)
-            per_rank.append(res.matched)
-            matched = min(matched, res.matched)
-        lease = _Lease(ids, 0, 0, refs=refs, arenas=arenas)
+        ans = lk.answer()
+        lease, error, matched = ans.lease, ans.error, ans.matched
         if error is not None:
             self._release(lease)
             self.counters.inc("lookup_errors")
@@ -270,7 +198,7 @@ class SchedulerSide:
         lease.computed = num_computed_tokens
         for rank, lid in enumerate(lease.ids):
             # Unpin what vLLM holds itself, and what another rank lacks.
-            if local or per_rank[rank] > matched:
+            if local or ans.per_rank[rank] > matched:
                 self.releasers[rank].narrow(lid, local, lease.blocks)
         if local:
             lease.base = local
@@ -333,7 +261,7 @@ class SchedulerSide:
             if len(targets) != n:
                 raise ValueError(f"request has {len(block_ids)} blocks, the load needs "
                                  f"[{lease.start}, {lease.start + n})")
-            keys = tuple(self._keys(st, r, lease.start, lease.start + n)
+            keys = tuple(st.keys(r, lease.start, lease.start + n)
                          for r in range(len(self.links)))
         except Exception as e:
             # vLLM now counts these tokens as loaded: a load that names no keys
@@ -377,39 +305,11 @@ class SchedulerSide:
         self._wait_left = self.cfg.lookup_wait_s   # the next step's
         if self.cfg.save:
             try:
-                self._plan_saves(scheduler_output, block_ids_of, meta)
+                plan_saves(scheduler_output, self._reqs, len(self.links), self.bs,
+                           block_ids_of, meta)
             except Exception as e:  # a missed save is a future miss, nothing worse
                 log.warning("kvkeeper: planning this step's saves failed: %s", e, exc_info=True)
         return meta
-
-    def _plan_saves(self, so: Any, block_ids_of: Callable[[str], Optional[Sequence[int]]],
-                    meta: KVKeeperConnectorMetadata) -> None:
-        bs = self.bs
-        spec_tokens = getattr(so, "scheduled_spec_decode_tokens", None) or {}
-        for req_id, scheduled in so.num_scheduled_tokens.items():
-            st = self._reqs.get(req_id)
-            if st is None or not st.cacheable:
-                continue
-            req = st.request
-            before = req.num_computed_tokens   # not yet advanced by this step
-            if st.saved_blocks is None:
-                st.saved_blocks = before // bs
-            # Draft tokens may be rejected: their KV is not final.
-            after = before + scheduled - len(spec_tokens.get(req_id, ()))
-            full = min(after, req.num_tokens) // bs
-            if full <= st.saved_blocks:
-                continue
-            ids = block_ids_of(req_id)
-            if ids is None or len(ids) < full:
-                log.debug("kvkeeper: %s holds %s blocks, %d are full; not saving this step",
-                          req_id, None if ids is None else len(ids), full)
-                continue
-            start = st.saved_blocks
-            keys = tuple(self._keys(st, r, start, full) for r in range(len(self.links)))
-            meta.saves.append(SaveSpec(req_id=req_id, keys=keys,
-                                       block_ids=tuple(ids[start:full])))
-            st.saved_blocks = full
-            st.saved_total += full - start
 
     def update_connector_output(self, connector_output: Any) -> None:
         wm = getattr(connector_output, "kv_connector_worker_meta", None)
@@ -419,7 +319,7 @@ class SchedulerSide:
             self.loads_disabled = "; ".join(sorted(set(wm.disabled.values())))
             log.error("kvkeeper: a worker cannot load blocks (%s); lookups are off for this "
                       "engine, saves too", self.loads_disabled)
-            self.cfg = _without_io(self.cfg)
+            self.cfg = replace(self.cfg, load=False, save=False)
         for load_id, ranks in wm.loads_done.items():
             entry = self._inflight.pop(load_id, None)
             if entry is None:
@@ -492,18 +392,3 @@ class SchedulerSide:
         for link in self.links:
             link.close()
 
-
-def _wait_all(futures: Sequence[Future[Any]], timeout: float) -> None:
-    concurrent.futures.wait(futures, timeout=timeout)
-
-
-def _match(client: Any, keys: List[bytes]) -> Tuple[Any, Optional[bytes]]:
-    """Leased Match that also returns where the blocks lie in shared memory
-    (for the worker, which then needs no RPC of its own), and which arena."""
-    return (client.match(keys, lease=True, blocks=True, report_use=True),
-            getattr(client, "arena_id", None))
-
-
-def _without_io(cfg: ConnectorConfig) -> ConnectorConfig:
-    from dataclasses import replace
-    return replace(cfg, load=False, save=False)

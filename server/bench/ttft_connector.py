@@ -92,7 +92,7 @@ class TimedKVKeeperConnector(_TimedLookup, KVKeeperConnector):
 
     def register_kv_caches(self, kv_caches: Any) -> None:
         super().register_kv_caches(kv_caches)
-        w = self._worker
+        w = self.worker_side
         if w is None or getattr(w, "link", None) is None:
             return
         orig_call, rec = w.link.call, self._rec
@@ -148,7 +148,8 @@ class TimedKVKeeperConnector(_TimedLookup, KVKeeperConnector):
         finally:
             check_wait = time.perf_counter() - t
             if self._loads:
-                phases = dict(getattr(self._worker, "timings", None) or {})
+                w = self.worker_side   # its load_timings: the step's phases, settled now
+                phases = w.load_timings.as_dict() if w is not None else {}
                 phases.pop("check_wait", None)
                 phases.pop("layer_wait", None)
                 self._rec.write({"event": "load", "blocks": self._loads,

@@ -1,4 +1,4 @@
-"""stream_load.load_streamed with a stand-in client (torch, no daemon, no
+"""load.stream.load_streamed with a stand-in client (torch, no daemon, no
 engine): blocks land in the KV cache from whole or split chunks in any
 order, each is checked there, and a stream that fails or comes short loads
 nothing."""
@@ -16,7 +16,7 @@ from test_connector_blocks import LAYOUT, kv_tensors  # noqa: E402
 
 from kvkeeper.client.wire import Chunk  # noqa: E402
 from kvkeeper.connector.blocks import BlockCodec  # noqa: E402
-from kvkeeper.connector.stream_load import load_streamed  # noqa: E402
+from kvkeeper.connector.load.stream import load_streamed  # noqa: E402
 from kvkeeper.v1 import kvkeeper_pb2 as pb  # noqa: E402
 
 NUM_BLOCKS = 8

@@ -19,6 +19,7 @@ from kvkeeper.connector.config import ConnectorConfig  # noqa: E402
 from kvkeeper.connector.keys import chain_keys, namespace_seed  # noqa: E402
 from kvkeeper.connector.layout import KVLayout  # noqa: E402
 from kvkeeper.connector.link import DaemonLink  # noqa: E402
+from kvkeeper.connector.load.halves import HalvesLoad  # noqa: E402
 from kvkeeper.connector.metadata import KVKeeperConnectorMetadata, LoadSpec, SaveSpec  # noqa: E402
 from kvkeeper.connector.worker import WorkerSide  # noqa: E402
 
@@ -62,7 +63,7 @@ def placement(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
 
     cpus = frozenset({"inline": (), "halves": (0,), "beside": (0, 1)}[request.param])
     monkeypatch.setattr(worker_mod, "spare_cpus", lambda: cpus)
-    monkeypatch.setattr(worker_mod.WorkerSide, "halves_min_blocks", 2)
+    monkeypatch.setattr(HalvesLoad, "min_blocks", 2)
     return request.param
 
 
@@ -111,8 +112,13 @@ def test_saved_blocks_load_into_other_block_ids(daemon: DaemonProcess, transport
         assert daemon.stats().tiers[0].blocks == 3
         errors, wm = load(b, ks, [0, 9, 5])
         assert errors == set() and wm.loads_done == {1: {0: (3, ())}}
+        # the worker's observation point: the phases this load went through
+        phases = set(b.load_timings.as_dict())
+        assert {"fetch", "stream", "stream_first", "stream_copy"} <= phases \
+            if transport == "stream" else {"fetch", "copy", "check"} <= phases, phases
         if placement == "halves" and transport == "auto":
-            assert b._helper and b.timings["copy"] == b.timings["check"], "the halves path ran"
+            assert isinstance(b.load_strategy, HalvesLoad) and \
+                b.load_timings.copy == b.load_timings.check, "the halves path ran"
         for name in ("l0", "l1"):
             for s, d in ((4, 0), (7, 9), (1, 5)):
                 assert torch.equal(dst[name][d], src[name][s])
@@ -210,20 +216,20 @@ def test_queued_saves_are_copied_out_before_vllm_reuses_their_blocks(
     blocks itself, so what is stored is what the blocks held at save time."""
     import threading
 
-    import kvkeeper.connector.worker as worker_mod
+    import kvkeeper.connector.save as save_mod
 
     src, dst = tensors(1), tensors(2)
     original = {n: t.clone() for n, t in src.items()}
     a, b = worker(daemon.url, src), worker(daemon.url, dst)
     gate, sending = threading.Event(), threading.Event()
-    real_send = worker_mod._Saver._send
+    real_send = save_mod.SaveThread.send
 
     def slow_send(self, keys, rows):
         sending.set()
         assert gate.wait(20.0)
         return real_send(self, keys, rows)
 
-    monkeypatch.setattr(worker_mod._Saver, "_send", slow_send)
+    monkeypatch.setattr(save_mod.SaveThread, "send", slow_send)
     try:
         k1, k2 = keys(1, salt=7), keys(2, salt=8)
         a.wait_for_save(KVKeeperConnectorMetadata(saves=[
@@ -274,17 +280,18 @@ def test_the_block_the_forward_writes_into_is_checked_before_the_forward(
         b.shutdown()
 
 
-@pytest.mark.parametrize("spare,mode,beside", [(0, "auto", False), (1, "auto", False),
-                                               (2, "auto", True), (1, "on", True),
-                                               (0, "on", False), (4, "off", False)])
+@pytest.mark.parametrize("spare,mode,beside,name", [
+    (0, "auto", False, "inline"), (1, "auto", False, "halves"), (2, "auto", True, "beside"),
+    (1, "on", True, "beside"), (0, "on", False, "inline"), (4, "off", False, "inline")])
 def test_where_loads_are_copied(daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch,
-                                spare: int, mode: str, beside: bool) -> None:
+                                spare: int, mode: str, beside: bool, name: str) -> None:
     import kvkeeper.connector.worker as worker_mod
 
     monkeypatch.setattr(worker_mod, "spare_cpus", lambda: frozenset(range(spare)))
     w = worker(daemon.url, tensors(1), load_overlap=mode)
     try:
-        assert w._overlap is beside
+        assert w.load_strategy.beside_forward is beside
+        assert w.load_strategy.name == name
     finally:
         w.shutdown()
 

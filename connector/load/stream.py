@@ -25,7 +25,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .blocks import BlockCodec, block_source
+from ..blocks import BlockCodec, block_source
+from .timings import LoadTimings
 
 __all__ = ["load_streamed"]
 
@@ -37,7 +38,7 @@ def _copy_block(codec: BlockCodec, block_id: int, src: torch.Tensor) -> None:
 
 def load_streamed(client: Any, codec: BlockCodec, lease_id: int, block_ids: Sequence[int],
                   check: Callable[[int, Tuple[int, int]], bool],
-                  timings: Optional[Dict[str, float]] = None) -> Tuple[int, List[int]]:
+                  timings: Optional[LoadTimings] = None) -> Tuple[int, List[int]]:
     """Stream lease `lease_id` into vLLM blocks `block_ids` (its leading
     len(block_ids) blocks; later ones are received and dropped). check(block
     id, (checksum_algo, checksum)) says whether a copied block is intact.
@@ -80,7 +81,7 @@ def load_streamed(client: Any, codec: BlockCodec, lease_id: int, block_ids: Sequ
             del staged[i]
             done(i, row)
     if timings is not None:
-        timings["stream_first"], timings["stream_copy"] = first, busy
+        timings.stream_first, timings.stream_copy = first, busy
     # load_chunks checked at the end that every block the lease holds came whole.
     missing = [i for i in range(n) if i not in intact]
     if missing:

@@ -1,0 +1,113 @@
+"""BlockLoader: fetched blocks copied from the arena into the KV cache and
+checked there, so what vLLM reads is what was verified.
+
+The pieces every load strategy is made of: copying a range of a load's
+blocks in (every layer, or one layer of every load), checking a range
+against the checksums they were committed with, and releasing the step's
+leases once nothing reads the arena views any more.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import List, Optional, Sequence, Tuple
+
+from kvkeeper.client.checksum import ALGOS
+from kvkeeper.v1 import kvkeeper_pb2 as pb
+
+from ..blocks import BlockCodec
+from ..releaser import Releaser
+from ..stats import Counters
+from .step import FetchedLoad, StepLoads
+
+__all__ = ["BlockLoader"]
+
+log = logging.getLogger("kvkeeper.connector")
+
+
+class BlockLoader:
+    """Copies and checks for one TP rank's KV cache."""
+
+    def __init__(self, codec: BlockCodec, verify: bool, counters: Counters,
+                 releaser: Optional[Releaser]) -> None:
+        self.codec = codec
+        self._verify = verify   # kvkeeper_checksum != none
+        self._counters = counters
+        self._releaser = releaser
+
+    def block_ok(self, block_id: int, expected: Tuple[int, int]) -> bool:
+        """Whether vLLM block `block_id` matches the checksum it was committed with."""
+        algo, want = expected
+        fn = ALGOS.get(algo)
+        if fn is None or not self._verify:
+            return True   # stored without a checksum (or one this process lacks), or off
+        return self.codec.block_checksum(block_id, fn, algo == pb.CHECKSUM_CRC32) == want
+
+    def copy_in(self, f: FetchedLoad, lo: int, hi: int) -> None:
+        """Copy blocks lo..hi-1 of f, every layer, from the arena into the KV cache."""
+        assert f.sources is not None
+        for i in range(self.codec.num_layers):
+            self.codec.copy_layer_in(i, f.spec.block_ids[lo:hi], f.sources[lo:hi])
+
+    def bad_in(self, f: FetchedLoad, lo: int, hi: int) -> List[int]:
+        """Blocks lo..hi-1 of f that fail their checksum as they are in the KV cache."""
+        return [i for i in range(lo, hi)
+                if not f.checked.get(i, True) or
+                (i not in f.checked and not self.block_ok(f.spec.block_ids[i], f.sums[i]))]
+
+    def check(self, f: FetchedLoad) -> None:
+        """Checksum the blocks as they are in the KV cache; f.good = leading good ones."""
+        self.set_bad(f, self.bad_in(f, 0, f.n))
+
+    def set_bad(self, f: FetchedLoad, bad: List[int]) -> None:
+        f.bad = bad
+        f.good = bad[0] if bad else f.n
+        self.count_corrupt(f.spec.req_id, bad)
+
+    def count_corrupt(self, req_id: str, bad: Sequence[int]) -> None:
+        if bad:
+            self._counters.inc("checksum_errors", len(bad))
+            log.warning("kvkeeper: %d block(s) of %s failed their checksum; they are dropped "
+                        "from the daemon and recomputed", len(bad), req_id)
+
+    def release(self, step: StepLoads) -> None:
+        """Drop the arena views, then release each load's lease, discarding its
+        corrupt blocks (a load by the scheduler's refs has no lease here)."""
+        for f in step.fetched:
+            f.sources = None
+            if self._releaser is not None:
+                self._releaser.release(f.lease_id, discard_indices=f.bad)
+
+    def copy_and_check(self, step: StepLoads) -> None:
+        """Copy every fetched block in, layer by layer (setting each layer's
+        event as it is in), then check them and release the leases."""
+        codec = self.codec
+        t0 = time.perf_counter()
+        try:
+            for i, name in enumerate(codec.layer_names):
+                for f in step.fetched:
+                    if f.sources and f.copy_n:
+                        codec.copy_layer_in(i, f.spec.block_ids[:f.copy_n],
+                                            f.sources[:f.copy_n])
+                ev = step.layer_done.get(name)
+                if ev is not None:
+                    ev.set()
+        except Exception as e:  # noqa: BLE001
+            log.warning("kvkeeper: copying loaded blocks into the KV cache failed: %s", e,
+                        exc_info=True)
+            step.abandoned = True
+        finally:
+            for ev in step.layer_done.values():
+                ev.set()
+        t1 = time.perf_counter()
+        step.timings.copy = t1 - t0
+        for f in step.fetched:
+            if not step.abandoned:
+                try:
+                    self.check(f)
+                except Exception as e:  # noqa: BLE001
+                    log.warning("kvkeeper: checking loaded blocks of %s failed: %s",
+                                f.spec.req_id, e, exc_info=True)
+                    f.good = 0
+        self.release(step)
+        step.timings.check = time.perf_counter() - t1

@@ -1,0 +1,145 @@
+"""Fetching: each load's blocks found under a lease, ready to be copied in.
+
+The scheduler's leased Match returned where the blocks lie in the daemon's
+shared-memory arena (LoadSpec.refs); where this worker maps the same arena
+it needs no RPC (the scheduler's lease keeps the blocks there until the
+load is reported), else it matches the keys under its own lease, in one
+round trip that returns the same (Match, blocks=True). Without a mapped
+arena (another host, or kvkeeper_transport=stream) the lease is streamed
+into the KV cache right here (stream.py), and the load is done.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, List, Optional, Sequence, Tuple
+
+from kvkeeper.client import KVKeeperClientError
+
+from ..blocks import block_source
+from ..link import DaemonLink
+from ..metadata import LoadSpec
+from ..releaser import Releaser
+from .copy_in import BlockLoader
+from .step import FetchedLoad, LoadResults
+from .stream import load_streamed
+from .timings import LoadTimings
+
+__all__ = ["Fetcher"]
+
+log = logging.getLogger("kvkeeper.connector")
+
+
+class Fetcher:
+    """Fetches the loads of TP rank `rank` through `link`."""
+
+    def __init__(self, link: DaemonLink, rank: int, loader: BlockLoader, results: LoadResults,
+                 releaser: Optional[Releaser]) -> None:
+        self._link = link
+        self._rank = rank
+        self._loader = loader
+        self._results = results
+        self._releaser = releaser
+
+    def fetch_all(self, loads: Sequence[LoadSpec], timings: LoadTimings) -> List[FetchedLoad]:
+        """Match every load under a lease; the ones that can be copied from the
+        arena come back, the others are done (streamed, or failed) here."""
+        out: List[FetchedLoad] = []
+        for spec in loads:
+            try:
+                f = self._fetch(spec, timings)
+            except Exception as e:  # noqa: BLE001 - never into vLLM: recompute instead
+                log.warning("kvkeeper: loading %d block(s) of %s failed: %s", spec.num_blocks(),
+                            spec.req_id, e, exc_info=not isinstance(e, KVKeeperClientError))
+                self._results.finish(spec, 0)
+                continue
+            if f is not None:
+                out.append(f)
+        return out
+
+    def _fetch(self, spec: LoadSpec, timings: LoadTimings) -> Optional[FetchedLoad]:
+        rank = self._rank
+        keys = list(spec.keys[rank]) if rank < len(spec.keys) else []
+        n = spec.num_blocks()
+        if not keys or len(keys) != n:
+            self._results.finish(spec, 0)
+            return None
+        f = self._fetch_by_refs(spec)
+        if f is not None:
+            return f
+        # report_use: the scheduler reports this load with its own lookup.
+        res = self._link.call(lambda c: c.match(keys, lease=True, blocks=True, report_use=True),
+                              "load")
+        if not res.matched or not res.lease_id:
+            self._results.finish(spec, 0)
+            return None
+        m = min(res.matched, n)
+        streamed = False   # _load_streamed releases the lease itself
+        try:
+            views = None
+            if len(res.blocks) >= m:
+                views = self._link.call(lambda c: c.arena_views(res.blocks[:m]), "load")
+            if views is None:
+                streamed = True
+                good, bad = self._load_streamed(spec, res.lease_id, m, timings)
+                self._results.finish(spec, good, bad)
+                return None
+            return self._fetched(spec, res.lease_id, res.blocks[:m], views)
+        except BaseException:
+            if not streamed and self._releaser is not None:
+                self._releaser.release(res.lease_id)
+            raise
+
+    def _fetch_by_refs(self, spec: LoadSpec) -> Optional[FetchedLoad]:
+        """The load without an RPC: the scheduler's leased Match said where the
+        blocks lie, and its lease keeps them there until this load is
+        reported. None when that cannot be used here (no refs, another arena)."""
+        rank = self._rank
+        refs = spec.refs[rank] if rank < len(spec.refs) else ()
+        arena = spec.arena_ids[rank] if rank < len(spec.arena_ids) else None
+        if not refs or len(refs) != spec.num_blocks() or arena is None:
+            return None
+
+        def views(c: Any) -> Optional[List[List[memoryview]]]:
+            return c.arena_views(refs) if c.arena_id == arena else None
+
+        v = self._link.call(views, "load")
+        return self._fetched(spec, None, refs, v) if v is not None else None
+
+    def _fetched(self, spec: LoadSpec, lease_id: Optional[int], refs: Sequence[Any],
+                 views: List[List[memoryview]]) -> FetchedLoad:
+        """A load ready to copy: its blocks' arena views, and the last block
+        already copied and checked if the forward writes into it."""
+        loader = self._loader
+        m = len(refs)
+        sources = [block_source(v, loader.codec.block_bytes) for v in views]
+        sums = [(b.checksum_algo, b.checksum) for b in refs]
+        f = FetchedLoad(spec, lease_id, m, sources, sums)
+        if spec.recomputes_last and m == spec.num_blocks():
+            # The forward writes the prompt's last token into this block, and
+            # its recomputed KV may differ from the stored one in the last
+            # bits: copy and check the block before the forward, not beside it.
+            last = m - 1
+            loader.copy_in(f, last, m)
+            f.checked[last] = loader.block_ok(spec.block_ids[last], sums[last])
+            f.copy_n = last
+        return f
+
+    def _load_streamed(self, spec: LoadSpec, lease_id: int, n: int,
+                       timings: LoadTimings) -> Tuple[int, List[int]]:
+        """Stream the lease's first n blocks into the KV cache, each checked
+        there as it arrives; (leading blocks loaded, positions found corrupt)."""
+        loader = self._loader
+        bad: List[int] = []
+        try:
+            t0 = time.perf_counter()
+            good, bad = self._link.call(
+                lambda c: load_streamed(c, loader.codec, lease_id, spec.block_ids[:n],
+                                        loader.block_ok, timings),
+                "load")
+            timings.stream = time.perf_counter() - t0
+            loader.count_corrupt(spec.req_id, bad)
+        finally:
+            if self._releaser is not None:
+                self._releaser.release(lease_id, discard_indices=bad)
+        return good, bad

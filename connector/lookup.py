@@ -1,0 +1,77 @@
+"""A lookup in flight: each TP rank's leased Match of a request's full
+blocks, submitted on that rank's link thread so the scheduler thread never
+waits for the daemon, and its answer read back into a Lease: what the
+request holds in the daemon until its load is reported or it finishes."""
+from __future__ import annotations
+
+import concurrent.futures
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+__all__ = ["Lease", "Lookup", "LookupAnswer", "match_with_refs", "wait_all"]
+
+
+def match_with_refs(client: Any, keys: List[bytes]) -> Tuple[Any, Optional[bytes]]:
+    """Leased Match that also returns where the blocks lie in shared memory
+    (for the worker, which then needs no RPC of its own), and which arena."""
+    return (client.match(keys, lease=True, blocks=True, report_use=True),
+            getattr(client, "arena_id", None))
+
+
+def wait_all(futures: Sequence[Future[Any]], timeout: float) -> None:
+    concurrent.futures.wait(futures, timeout=timeout)
+
+
+@dataclass
+class Lease:
+    ids: List[Optional[int]]   # per TP rank; None where that rank matched nothing
+    start: int                 # first block (index in the request) to load; the
+    #                            lease itself covers blocks from 0 on
+    blocks: int                # blocks from `start` on matched on every rank
+    computed: int = 0          # tokens vLLM had already (the hit is counted after them)
+    base: int = 0              # request block at the daemon leases' position 0 (once narrowed)
+    report: Optional[Dict[str, int]] = None   # the LookupReport, less loaded_blocks
+    refs: List[Sequence[Any]] = field(default_factory=list)   # per rank: BlockRefs from block 0
+    arenas: List[Optional[bytes]] = field(default_factory=list)   # per rank: the refs' arena
+
+
+@dataclass
+class LookupAnswer:
+    lease: Lease                   # every rank's lease (start and blocks still 0)
+    per_rank: List[int]            # blocks each rank matched
+    matched: int                   # blocks matched on every rank
+    error: Optional[BaseException] = None   # a rank's lookup failed: a miss
+
+
+@dataclass
+class Lookup:
+    futures: List[Future[Any]]   # per TP rank: match_with_refs of keys[0:limit]
+    limit: int                     # blocks looked up, from block 0
+    deadline: float                # a miss if not answered by then
+
+    def done(self) -> bool:
+        return all(f.done() for f in self.futures)
+
+    def answer(self) -> LookupAnswer:
+        """The ranks' results, once done(); the leases taken are in the answer
+        even when another rank failed, for the caller to release."""
+        ids: List[Optional[int]] = []
+        matched = self.limit
+        error: Optional[BaseException] = None
+        refs: List[Sequence[Any]] = []
+        arenas: List[Optional[bytes]] = []
+        per_rank: List[int] = []
+        for fut in self.futures:
+            try:
+                res, arena = fut.result()
+            except Exception as e:
+                error = error or e
+                ids.append(None)
+                continue
+            ids.append(res.lease_id)
+            refs.append(res.blocks)
+            arenas.append(arena)
+            per_rank.append(res.matched)
+            matched = min(matched, res.matched)
+        return LookupAnswer(Lease(ids, 0, 0, refs=refs, arenas=arenas), per_rank, matched, error)

@@ -1,0 +1,166 @@
+"""The worker's save thread: queued blocks copied out of the KV cache and sent.
+
+wait_for_save (after the forward) only queues the step's SaveSpecs as
+SaveJobs; one thread copies their blocks out of the KV cache into a staging
+tensor and sends them (client.save: reserve, write, commit with checksums).
+Until a job is copied out vLLM must not reuse its blocks, so whoever needs
+them first (vLLM about to free or rewrite them) copies it out itself
+(SaveJob.copy_out runs once). At most max_bytes may be queued; beyond it,
+and while the daemon is unreachable, saves are dropped and counted (a lost
+save is only a future miss).
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from concurrent.futures import Future
+from typing import List, Optional, Sequence
+
+import torch
+
+from kvkeeper.client import ResourceExhaustedError
+
+from .blocks import BlockCodec
+from .cpus import use_spare_cpus
+from .link import DaemonLink, LinkDown
+from .stats import Counters
+
+__all__ = ["SaveJob", "SaveThread"]
+
+log = logging.getLogger("kvkeeper.connector")
+
+_STOP = object()
+
+
+class SaveJob:
+    """One SaveSpec on this rank: copied out of the KV cache exactly once, by
+    the save thread or, when vLLM is about to reuse the blocks, by whoever
+    needs it done first."""
+
+    __slots__ = ("req_id", "keys", "block_ids", "rows", "copied", "_lock")
+
+    def __init__(self, req_id: str, keys: Sequence[bytes], block_ids: Sequence[int]) -> None:
+        self.req_id = req_id
+        self.keys = list(keys)
+        self.block_ids = tuple(block_ids)
+        self.rows: Optional[torch.Tensor] = None
+        self.copied = False
+        self._lock = threading.Lock()
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.block_ids)
+
+    def copy_out(self, codec: BlockCodec, counters: Counters) -> None:
+        with self._lock:
+            if self.copied:
+                return
+            try:
+                rows = codec.new_rows(len(self.block_ids))
+                codec.gather(self.block_ids, rows)
+                self.rows = rows
+            except Exception as e:  # noqa: BLE001 - a lost save is a future miss
+                log.warning("kvkeeper: copying %d block(s) of %s out of the KV cache failed: %s",
+                            len(self.block_ids), self.req_id, e)
+                counters.inc("save_errors")
+            finally:
+                self.copied = True
+
+
+class SaveThread:
+    """One thread copying queued blocks out of the KV cache and sending them;
+    at most max_bytes queued at a time."""
+
+    def __init__(self, link: DaemonLink, codec: BlockCodec, max_bytes: int,
+                 counters: Counters, ready: "Optional[Future[None]]" = None) -> None:
+        self._link = link
+        self._ready = ready   # the first connection (made on the I/O thread)
+        self._codec = codec
+        self._bb = codec.block_bytes
+        self._max = max_bytes
+        self._counters = counters
+        self._q: "queue.Queue[object]" = queue.Queue()
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._idle = threading.Event()
+        self._idle.set()
+        self._thread: Optional[threading.Thread] = None
+
+    def admit(self, nbytes: int) -> bool:
+        """Reserve room for nbytes of queued saves; False when full."""
+        with self._lock:
+            if self._pending + nbytes > self._max:
+                return False
+            self._pending += nbytes
+            self._idle.clear()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="kvkeeper-save",
+                                                daemon=True)
+                self._thread.start()
+            return True
+
+    def submit(self, job: SaveJob) -> None:
+        self._q.put(job)
+
+    def _done(self, nbytes: int) -> None:
+        with self._lock:
+            self._pending -= nbytes
+            if self._pending <= 0:
+                self._pending = 0
+                self._idle.set()
+
+    def flush(self, timeout: float) -> bool:
+        return self._idle.wait(timeout)
+
+    def close(self, timeout: float) -> None:
+        self.flush(timeout)
+        with self._lock:
+            if self._thread is not None:
+                self._q.put(_STOP)
+
+    def _run(self) -> None:
+        use_spare_cpus()
+        if self._ready is not None:
+            try:   # else the first saves find the link "connecting" and are dropped
+                self._ready.result(timeout=30.0)
+            except Exception:  # noqa: BLE001 - the link reports and retries by itself
+                pass
+        while True:
+            job = self._q.get()
+            if job is _STOP:
+                return
+            assert isinstance(job, SaveJob)
+            try:
+                job.copy_out(self._codec, self._counters)
+                rows, job.rows = job.rows, None
+                if rows is not None:
+                    self.send(job.keys, rows)
+            except Exception as e:  # noqa: BLE001 - keep the thread alive
+                log.warning("kvkeeper: saving blocks of %s failed: %s", job.req_id, e)
+            finally:
+                self._done(job.num_blocks * self._bb)
+
+    def send(self, keys: List[bytes], rows: torch.Tensor) -> None:
+        """Save one job's copied-out rows under keys (on the save thread)."""
+        c = self._counters
+        n = len(keys)
+        arr = rows.numpy()
+        bufs = [arr[i] for i in range(n)]
+        try:
+            res = self._link.call(lambda cl: cl.save(keys, bufs), "save")
+        except LinkDown:
+            c.inc("save_dropped_blocks", n)
+            return
+        except ResourceExhaustedError as e:
+            log.debug("kvkeeper: daemon full, %d block(s) not saved: %s", n, e)
+            c.inc("save_dropped_blocks", n)
+            return
+        except Exception as e:  # noqa: BLE001 - a lost save is a future miss
+            log.debug("kvkeeper: saving %d block(s) failed: %s", n, e)
+            c.inc("save_errors")
+            c.inc("save_dropped_blocks", n)
+            return
+        c.inc("saved_blocks", res.committed)
+        c.inc("saved_bytes", res.committed * self._bb)
+        c.inc("save_present_blocks", res.present)

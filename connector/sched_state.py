@@ -1,0 +1,46 @@
+"""What the scheduler side keeps per request: its key chains, its lease, its
+lookup in flight, and how far its blocks are known to be saved."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Set, Tuple
+
+from .keys import KeyChain
+from .lookup import Lease, Lookup
+
+__all__ = ["RequestState", "request_seed_inputs"]
+
+
+def request_seed_inputs(request: Any) -> Tuple[Optional[str], Optional[str], List[str]]:
+    """(cache_salt, lora tag, multimodal identities) of a vLLM Request: what,
+    besides the tokens and the namespace, changes a request's KV."""
+    salt = getattr(request, "cache_salt", None)
+    lora = getattr(request, "lora_request", None)
+    tag = None
+    if lora is not None:
+        name = getattr(lora, "lora_name", None) or getattr(lora, "name", None)
+        tag = str(name) if name else f"id:{getattr(lora, 'lora_int_id', '')}"
+    mm: List[str] = []
+    for f in getattr(request, "mm_features", None) or ():
+        pos = getattr(f, "mm_position", None)
+        off = getattr(pos, "offset", "")
+        length = getattr(pos, "length", "")
+        mm.append(f"{getattr(f, 'identifier', '')}@{off}+{length}")
+    return salt, tag, mm
+
+
+@dataclass
+class RequestState:
+    request: Any
+    chains: List[KeyChain]     # per TP rank
+    cacheable: bool
+    lease: Optional[Lease] = None
+    lookup: Optional[Lookup] = None      # in flight, its answer not used yet
+    saved_blocks: Optional[int] = None   # leading blocks stored or planned; None: unknown yet
+    hit_tokens: int = 0
+    saved_total: int = 0
+    loads: Set[int] = field(default_factory=set)   # load ids in flight
+
+    def keys(self, rank: int, start: int, end: int) -> Tuple[bytes, ...]:
+        """TP rank `rank`'s keys of the request's blocks start..end-1."""
+        return tuple(self.chains[rank].keys(self.request.all_token_ids, end)[start:end])
