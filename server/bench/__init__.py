@@ -10,13 +10,14 @@ to FILE. --quick shrinks every size and count (a smoke run, ~30 s; its
 figures are noisier). Progress goes to stderr.
 
 `all` runs the daemon's own benchmarks (BENCHES), which need nothing beyond
-the daemon's dependencies. `ttft` (ttft_bench.py: time to
-first token of vLLM engines with KVKeeperConnector, against recompute and
-vLLM's ExampleConnector) needs vLLM and torch and runs only when named; its
-engines run on --engine-python (default: $KVKEEPER_BENCH_PYTHON, else this
-interpreter). `stream-hit` (stream_hit_bench.py: a full hit over gRPC
-streams against the same hit over shared memory) likewise. Nothing here is imported by the daemon, and vLLM and torch are
-imported only inside the engine processes ttft starts.
+the daemon's dependencies. `ttft` (time to first token of vLLM engines with
+KVKeeperConnector, against recompute and vLLM's ExampleConnector) and
+`stream-hit` (a full hit over gRPC streams against the same hit over shared
+memory) need vLLM and torch and run only when named; they live in
+kvkeeper.connector.bench (registry.py says where each benchmark is), and
+their engines run on --engine-python (default: $KVKEEPER_BENCH_PYTHON, else
+this interpreter). Nothing here is imported by the daemon, and vLLM and torch
+are imported only inside the engine processes those two start.
 
 Exit status: 0 when the benchmarks ran (whether or not targets were met:
 see each result's meets_target), 1 when one could not run, 2 for usage errors.
@@ -28,34 +29,8 @@ import sys
 import time
 from typing import Callable, Optional, Sequence
 
+from .registry import BENCHES, EXTRA_BENCHES, BenchUnavailable, runner
 from .result import Result, render_table, to_json
-
-class BenchUnavailable(RuntimeError):
-    """A benchmark cannot run in this environment (e.g. ttft without vLLM)."""
-
-
-BENCHES = ("ledger", "control", "data", "disk", "gc")  # what `all` runs
-EXTRA_BENCHES = ("ttft", "stream-hit")            # run only by name (need vLLM)
-
-
-def _runner(name: str) -> Callable[..., list[Result]]:
-    if name == "ledger":
-        from .ledger_bench import run
-    elif name == "control":
-        from .control_bench import run
-    elif name == "data":
-        from .data_bench import run
-    elif name == "ttft":
-        from .ttft_bench import run
-    elif name == "stream-hit":
-        from .stream_hit_bench import run
-    elif name == "disk":
-        from .disk_bench import run
-    elif name == "gc":
-        from .gc_bench import run
-    else:  # pragma: no cover - argparse checks the choice
-        raise ValueError(name)
-    return run
 
 
 def run_benches(names: Sequence[str], quick: bool,
@@ -65,9 +40,9 @@ def run_benches(names: Sequence[str], quick: bool,
     for name in names:
         t0 = time.perf_counter()
         if name in EXTRA_BENCHES:
-            results += _runner(name)(quick=quick, log=log, python=engine_python)
+            results += runner(name)(quick=quick, log=log, python=engine_python)
         else:
-            results += _runner(name)(quick=quick, log=log)
+            results += runner(name)(quick=quick, log=log)
         log(f"{name}: done in {time.perf_counter() - t0:.1f}s")
     return results
 

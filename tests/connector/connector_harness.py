@@ -1,20 +1,20 @@
 """Helpers of the connector tests: a daemon subprocess, an engine subprocess, and
 direct access to stored blocks (to corrupt or rewrite them).
 
-Engines run `engine_script.py` with this interpreter, so vLLM must import
-here; `vllm_unavailable()` says why not (the tests skip with that reason).
+Engines are the benchmarks' engine processes (kvkeeper.connector.bench.engine,
+driven by its driver) on the tiny seeded-weight Llama of tiny_llama.py, run
+with this interpreter, so vLLM must import here; `vllm_unavailable()` says
+why not (the tests skip with that reason).
 """
 from __future__ import annotations
 
 import functools
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -22,9 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import grpc
 
-HERE = Path(__file__).resolve().parent
-ENGINE_SCRIPT = HERE / "engine_script.py"
-PREFIX = "KVKTEST "
+from kvkeeper.connector.bench import driver
 
 
 @functools.lru_cache(maxsize=None)
@@ -132,90 +130,39 @@ class DaemonProcess:
 # ---------------------------------------------------------------- engine
 
 
-class EngineProcess:
-    """engine_script.py in a subprocess, driven one JSON line at a time."""
+class EngineProcess(driver.EngineProcess):
+    """An engine of the tiny Llama (seeded weights in `model_dir`, vLLM's
+    prefix cache on), with KVKeeperConnector when `url` is given; started
+    and ready. generate() and result() answer {"outputs": [token ids per
+    prompt], "reports": [kv_transfer_params per prompt]}."""
 
     def __init__(self, model_dir: str, url: str = "", log_path: Optional[str] = None,
                  env: Optional[Dict[str, str]] = None, ready_timeout: float = 300.0,
                  extra: Optional[Dict[str, Any]] = None) -> None:
-        cmd = [sys.executable, str(ENGINE_SCRIPT), "--model", model_dir]
+        args = ["--model", model_dir, "--weights", "checkpoint", "--prefix-caching",
+                "--max-model-len", "2048"]
         if url:
-            cmd += ["--url", url, "--report", "--extra", json.dumps(extra or {})]
-        self.log_path = log_path or os.path.join(model_dir, f"engine-{uuid.uuid4().hex[:6]}.log")
-        full_env = dict(os.environ)
-        full_env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            args += ["--connector", "kvkeeper", "--url", url, "--report",
+                     "--extra", json.dumps(extra or {})]
+        full_env = driver.engine_env()
         full_env.update(env or {})
-        self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._log, text=True, env=full_env,
-                                     start_new_session=True)
-        self._lines: "queue.Queue[Optional[str]]" = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-        first = self._read(ready_timeout)
-        if not first.get("ready"):
-            raise RuntimeError(f"engine did not start: {first}")
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line.startswith(PREFIX):
-                self._lines.put(line[len(PREFIX):])
-            else:
-                self._log.write(line)
-        self._lines.put(None)
-
-    def _read(self, timeout: float) -> Dict[str, Any]:
-        try:
-            line = self._lines.get(timeout=timeout)
-        except queue.Empty:
-            raise TimeoutError(f"no answer from the engine in {timeout} s; log "
-                               f"{self.log_path}") from None
-        if line is None:
-            self._log.flush()
-            raise RuntimeError(f"engine exited ({self.proc.poll()}); log tail:\n"
-                               f"{Path(self.log_path).read_text()[-4000:]}")
-        return json.loads(line)
-
-    def send(self, **cmd: Any) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-
-    def call(self, timeout: float = 120.0, **cmd: Any) -> Dict[str, Any]:
-        self.send(**cmd)
-        return self.result(timeout)
+        super().__init__(args, log_path or os.path.join(model_dir,
+                                                        f"engine-{uuid.uuid4().hex[:6]}.log"),
+                         full_env)
+        self.wait_ready(ready_timeout)
 
     def result(self, timeout: float = 120.0) -> Dict[str, Any]:
-        out = self._read(timeout)
-        if "error" in out:
-            raise RuntimeError(f"engine error: {out['error']}\n{out.get('traceback', '')}")
-        return out
+        """The answer to a generate sent with send()."""
+        results = self.read(timeout)["results"]
+        return {"outputs": [r["tokens"] for r in results],
+                "reports": [r["params"] for r in results]}
 
     def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int,
                  timeout: float = 120.0) -> Dict[str, Any]:
-        return self.call(timeout, cmd="generate", prompts=[list(p) for p in prompts],
-                         max_tokens=max_tokens)
-
-    def metrics(self) -> Dict[str, float]:
-        return self.call(cmd="metrics")["metrics"]
-
-    def terminate(self, timeout: float = 60.0) -> int:
-        """SIGTERM (how `vllm serve` is stopped) and wait for the exit; returns its code."""
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.call(timeout=30, cmd="exit")
-            except Exception:  # noqa: BLE001
-                pass
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self._log.close()
+        """All prompts in one batch (one llm.generate), `max_tokens` each."""
+        self.send(cmd="generate", prompts=[list(p) for p in prompts], max_tokens=max_tokens,
+                  batch=True)
+        return self.result(timeout)
 
 
 # ---------------------------------------------------------------- stored blocks

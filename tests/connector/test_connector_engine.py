@@ -1,13 +1,13 @@
 """End to end on vLLM's CPU build: engines in their own processes sharing one daemon.
 
-Three engines start at once, each a subprocess running engine_script.py: a
+Three engines start at once, each a subprocess (connector_harness.EngineProcess): a
 baseline without the connector, and A and B with KVKeeperConnector on the
 same daemon socket. The daemon is not running when they start (they must
 serve anyway), and is started afterwards as a `kvkeeper serve` subprocess so
 a test can kill and restart it. Every test uses its own random prompts, so
 vLLM's own prefix caches in A and B never answer for the daemon. Outputs are
 greedy tokens of a tiny Llama with seeded random weights (see
-engine_script.write_tiny_llama), compared with the baseline engine's.
+tiny_llama.write_tiny_llama), compared with the baseline engine's.
 Set KVKEEPER_TEST_KEEP_LOGS=1 to keep the engines' and the daemon's logs.
 """
 from __future__ import annotations
@@ -100,7 +100,7 @@ def hit_tokens(res: Dict[str, Any]) -> int:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    from engine_script import write_tiny_llama
+    from tiny_llama import write_tiny_llama
 
     tmp = short_tmpdir()
     model = f"{tmp}/model"
@@ -149,7 +149,7 @@ def cluster() -> Iterator[Cluster]:
 def test_an_invalid_extra_config_stops_vllm_at_start_up() -> None:
     """A typo in a kvkeeper_* key must not leave vLLM serving uncached: the
     engine does not start, and its log names the key and the known keys."""
-    from engine_script import write_tiny_llama
+    from tiny_llama import write_tiny_llama
 
     tmp = short_tmpdir()
     try:

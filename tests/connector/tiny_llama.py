@@ -1,9 +1,10 @@
 """The tiny Llama of the engine tests: a config.json, seeded random weights and,
 for servers that take text (`vllm serve`), a byte-level BPE tokenizer.
 
-Shared by engine_script.py (LLM engines fed token ids) and tests/serving (an
-OpenAI-compatible `vllm serve` fed text). Nothing is downloaded: the weights
-and the tokenizer are built here, the same in every process.
+Shared by the engine tests (connector_harness.py: LLM engines fed token ids)
+and tests/serving (an OpenAI-compatible `vllm serve` fed text). Nothing is
+downloaded: the weights and the tokenizer are built here, the same in every
+process.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Timed subclasses of the connectors `kvkeeper bench ttft` compares (engine side only).
 
 Imported by vLLM inside an engine process (kv_connector_module_path
-"kvkeeper.server.bench.ttft_connector"), never by the daemon or by the bench
+"kvkeeper.connector.bench.ttft_connector"), never by the daemon or by the bench
 driver: it imports vLLM and torch at the top.
 
 Each class behaves exactly like its parent and only appends one JSON line per
@@ -34,7 +34,7 @@ event to the file named by $KVKEEPER_BENCH_TIMINGS (nothing when unset):
                                                 Commit); off the step's critical path
 
 The writes happen inside the step (a few microseconds each); the runner
-(ttft_engine.py) reads the lines a request produced after it finished.
+(engine.py) reads the lines a request produced after it finished.
 """
 from __future__ import annotations
 

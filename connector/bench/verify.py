@@ -1,0 +1,98 @@
+"""Checks that every hit a benchmark measures really happened (or it fails).
+
+A figure of a hit that did not load is a figure of something else: each
+check raises VerificationError, and the benchmark stops with it.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+
+class VerificationError(RuntimeError):
+    """A hit the benchmark relies on did not happen: its figures would be wrong."""
+
+
+def kvk_hit(res: Dict[str, Any]) -> int:
+    """The hit tokens of a request's kvkeeper report (kv_transfer_params)."""
+    rep = (res.get("params") or {}).get("kvkeeper")
+    if not rep:
+        raise VerificationError(f"no kvkeeper report in kv_transfer_params: {res.get('params')}")
+    return int(rep["hit_tokens"])
+
+
+def expect_hits(what: str, got: Sequence[int], want: int) -> None:
+    bad = [g for g in got if g != want]
+    if bad:
+        raise VerificationError(f"{what}: expected {want} hit tokens in every request, got "
+                                f"{list(got)}; the figures would not measure a hit")
+
+
+def expect_loaded_blocks(who: str, res: Dict[str, Any], hit_tokens: int,
+                         want_blocks: int) -> None:
+    """The worker's timing lines of request `res` show `want_blocks` loaded."""
+    loads = [t for t in res["timings"] if t.get("event") == "load"]
+    blocks = sum(t["blocks"] for t in loads)
+    if blocks != want_blocks:
+        raise VerificationError(f"{who}'s worker loaded {blocks} blocks for a hit of "
+                                f"{hit_tokens} tokens ({loads}); expected {want_blocks}")
+
+
+def expect_load_counters(who: str, before: Dict[str, float], after: Dict[str, float],
+                         want_blocks: int) -> None:
+    """An engine's counters grew by `want_blocks` loaded blocks and no error."""
+    def delta(name: str) -> float:
+        return after.get(f"vllm:kvkeeper_{name}", 0) - before.get(f"vllm:kvkeeper_{name}", 0)
+
+    if delta("loaded_blocks") != want_blocks or delta("load_error_blocks") \
+            or delta("checksum_errors"):
+        raise VerificationError(
+            f"{who}'s counters: loaded_blocks +{delta('loaded_blocks'):.0f} (expected "
+            f"+{want_blocks}), load_error_blocks +{delta('load_error_blocks'):.0f}, "
+            f"checksum_errors +{delta('checksum_errors'):.0f}")
+
+
+class SavedProbe:
+    """The daemon's view of what an engine saved, through a client of its own."""
+
+    def __init__(self, url: str, instance_id: str) -> None:
+        self.url = url
+        self.instance_id = instance_id
+        self.client: Any = None
+
+    def stored(self, report: Dict[str, Any], tokens: Sequence[int]) -> Tuple[int, int]:
+        """(blocks of `tokens` the daemon holds, full blocks of `tokens`)."""
+        from kvkeeper.client import Client
+        from kvkeeper.connector.keys import chain_keys
+
+        info = report["kvkeeper"]
+        if self.client is None:
+            self.client = Client.connect(self.url, info["namespace"],
+                                         instance_id=self.instance_id, timeout=5.0)
+        keys = chain_keys(bytes.fromhex(info["seed"]), list(tokens), int(info["block_tokens"]))
+        # report_use: a probe, not a lookup or hit of the daemon's counters.
+        return self.client.match(keys, report_use=True).matched, len(keys)
+
+    def wait_saved(self, saved: Sequence[Tuple[Dict[str, Any], List[int]]],
+                   timeout: float = 60.0) -> None:
+        """Saves are sent in the background: wait until every full block of
+        each (request result, tokens) pair is committed in the daemon."""
+        deadline = time.monotonic() + timeout
+        for res, tokens in saved:
+            while True:
+                got, want = self.stored(res["params"], tokens)
+                if got >= want:
+                    break
+                if time.monotonic() > deadline:
+                    raise VerificationError(f"only {got} of {want} blocks of a prompt were "
+                                            f"saved within {timeout:.0f} s")
+                time.sleep(0.02)
+
+    def close(self) -> None:
+        client: Optional[Any] = self.client
+        self.client = None
+        if client is not None:
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001 - closing after the measurement
+                pass
