@@ -3,7 +3,8 @@
 
     kvkeeper-healthcheck [URL] [--timeout SECONDS] [--service NAME]
 
-URL: unix:///abs/path.sock or host:port; default $KVKEEPER_HEALTH_URL, then
+URL: any form the client library takes (kvkeeper.client.url: unix:///abs/path.sock,
+host:port, tcp://host:port, ...); default $KVKEEPER_HEALTH_URL, then
 $KVKEEPER_URL, then unix:///run/kvkeeper/kvkeeper.sock. The daemon answers
 NOT_SERVING from the moment it starts draining (SIGTERM), so a stopping
 container turns unhealthy at once.
@@ -20,26 +21,19 @@ import sys
 DEFAULT_URL = "unix:///run/kvkeeper/kvkeeper.sock"
 
 
-def target_of(url: str) -> str:
-    """A grpc target for URL: unix:///abs stays as it is; tcp://, grpc:// are dropped."""
-    for scheme in ("tcp://", "grpc://"):
-        if url.startswith(scheme):
-            return url[len(scheme):]
-    if url.startswith("/"):
-        return "unix://" + url
-    return url
-
-
 def check(url: str, timeout: float, service: str = "") -> tuple[bool, str]:
     """(healthy, one line saying why)."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    if url.startswith("unix://"):
-        path = url[len("unix://"):]
-        if not os.path.exists(path):
-            return False, f"no socket at {path}"
-    with grpc.insecure_channel(target_of(url)) as channel:
+    # The daemon's own URL grammar, so $KVKEEPER_URL means here what it means to the
+    # kvkeeper command and the connector. ValueError (a bad URL) makes the probe fail.
+    from kvkeeper.client.url import parse_url
+
+    parsed = parse_url(url)
+    if parsed.path is not None and not os.path.exists(parsed.path):
+        return False, f"no socket at {parsed.path}"
+    with grpc.insecure_channel(parsed.target) as channel:
         try:
             resp = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout)

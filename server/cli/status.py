@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kvkeeper.v1 import kvkeeper_pb2, kvkeeper_pb2_grpc
 
 from .channel import Target, add_connection_args, call_daemon
-from .format import err, fmt_bytes, fmt_pct, fmt_uptime, print_json, table, tier_name
+from .format import fmt_bytes, fmt_pct, fmt_uptime, print_json, table, tier_name
 
 _TIER_FIELDS = ("capacity_bytes", "used_bytes", "pinned_bytes", "evictable_bytes",
                 "capacity_pages", "used_pages", "blocks", "pending_blocks", "evictions",
