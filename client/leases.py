@@ -13,9 +13,9 @@ from typing import List, Mapping, Optional, Sequence
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 from .checks import check_keys
+from .errors import protocol_error
 from .loads import Loads
 from .session import Session
-from .stream import protocol_error
 from .transport import Transport
 
 __all__ = ["Leases", "MatchResult"]

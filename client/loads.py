@@ -17,14 +17,22 @@ from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 from .checks import block_views
 from .checksum import verify
-from .errors import from_rpc_error
+from .errors import from_rpc_error, protocol_error
 from .retry import call_with_retry
 from .session import Session
-from .stream import Coverage, chunks, load_stream_method, protocol_error
+from .stream import Coverage, chunks, load_stream_method
 from .transport import Transport
 from .wire import Chunk
 
 __all__ = ["Loads"]
+
+
+def _check_span(ref: pb.BlockRef, block_bytes: int, what: str) -> None:
+    """A ref whose extents do not add up to a block is the daemon's error,
+    caught before any byte is copied or handed out."""
+    length = sum(e.length for e in ref.extents)
+    if length != block_bytes:
+        raise protocol_error(f"{what} spans {length} bytes, not {block_bytes}")
 
 
 class Loads:
@@ -57,11 +65,8 @@ class Loads:
         m = self._transport.mapping
         if m is None:
             return None
-        bb = self._block_bytes
         for i, ref in enumerate(refs):
-            length = sum(e.length for e in ref.extents)
-            if length != bb:
-                raise protocol_error(f"block ref {i} spans {length} bytes, not {bb}")
+            _check_span(ref, self._block_bytes, f"block ref {i}")
         try:
             if not m.still_valid():
                 return None
@@ -93,12 +98,8 @@ class Loads:
                 raise ValueError(f"lease {lease_id} holds {len(resp.blocks)} blocks but "
                                  f"{len(views)} buffers were given")
             if self._transport.still_current(m):
-                bb = self._block_bytes
                 for i, (ref, v) in enumerate(zip(resp.blocks, views)):
-                    length = sum(e.length for e in ref.extents)
-                    if length != bb:
-                        raise protocol_error(f"block {i} of lease {lease_id} spans {length} "
-                                              f"bytes, not {bb}")
+                    _check_span(ref, self._block_bytes, f"block {i} of lease {lease_id}")
                     m.read_into(ref.extents, v)
                 await self._verify([(r.checksum_algo, r.checksum) for r in resp.blocks], views)
                 return

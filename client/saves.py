@@ -19,9 +19,9 @@ from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 from .checks import block_views, check_keys
 from .checksum import checksums
-from .errors import KVKeeperClientError, from_rpc_error
+from .errors import KVKeeperClientError, from_rpc_error, protocol_error
 from .session import Session
-from .stream import protocol_error, write_blocks_method, write_frames
+from .stream import write_blocks_method, write_frames
 from .transport import Transport
 
 __all__ = ["Saves", "SaveResult", "WRITE_CHUNK_BYTES"]

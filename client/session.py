@@ -22,9 +22,8 @@ import grpc
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 
-from .errors import KVKeeperClientError, from_rpc_error, is_session_lost
+from .errors import KVKeeperClientError, from_rpc_error, is_session_lost, protocol_error
 from .retry import call_with_retry
-from .stream import protocol_error
 
 __all__ = ["Session", "Metadata", "NamespaceLike", "namespace_descriptor"]
 
