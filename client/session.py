@@ -133,6 +133,7 @@ class Session:
     # ---- heartbeats
 
     def start_heartbeats(self) -> None:
+        """Start the heartbeat task on the running loop (once registered)."""
         self._heartbeat_task = asyncio.create_task(self._heartbeat_loop(),
                                                    name=f"kvkeeper-heartbeat-{self.id}")
 
