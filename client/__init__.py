@@ -6,12 +6,14 @@ vLLM or torch, so it installs and runs on any host that can reach the daemon.
 """
 from __future__ import annotations
 
-from .aio import AsyncClient, MatchResult, SaveResult
+from .aio import AsyncClient
 from .checksum import ALGOS, crc32
 from .errors import (ChecksumError, DeadlineExceededError, FailedPreconditionError,
                      InvalidArgumentError, KVKeeperClientError, NotFoundError, OutOfRangeError,
                      ResourceExhaustedError, UnavailableError, from_rpc_error, is_session_lost)
+from .leases import MatchResult
 from .retry import call_with_retry, call_with_retry_sync
+from .saves import SaveResult
 from .sync import Client
 from .url import KeeperURL, parse_url, to_grpc_target
 

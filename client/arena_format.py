@@ -1,6 +1,7 @@
 """The arena's on-file layout and the byte-copy primitives, shared by the
 daemon (kvkeeper.server.tiers.arena) and its same-host clients
-(kvkeeper.client.shm) so that both sides agree on one definition.
+(kvkeeper.client.shm), through kvkeeper.client.arena_mapping, so that both
+sides agree on one definition.
 Imports nothing from kvkeeper.server.
 """
 from __future__ import annotations
@@ -9,7 +10,7 @@ import ctypes
 import os
 import struct
 from operator import index as _index
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 import numpy as np
 
@@ -21,6 +22,24 @@ FORMAT_VERSION = 1
 HEADER_STRUCT = struct.Struct("<8s16sQQQQ")
 
 Extent = tuple[int, int]
+
+
+def write_header(buf: Any, arena_id: bytes, page_bytes: int, page_count: int) -> None:
+    """Write a v1 header, with the data region right after it, at the start of `buf`."""
+    HEADER_STRUCT.pack_into(buf, 0, MAGIC, arena_id, page_bytes, page_count, HEADER_BYTES,
+                            FORMAT_VERSION)
+
+
+def parse_header(buf: Any) -> Optional[tuple[bytes, int, int, int]]:
+    """(arena_id, page_bytes, page_count, data_offset), or None if not a v1 arena."""
+    try:
+        magic, arena_id, page_bytes, page_count, data_offset, version = \
+            HEADER_STRUCT.unpack_from(buf, 0)
+    except struct.error:
+        return None
+    if magic != MAGIC or version != FORMAT_VERSION:
+        return None
+    return arena_id, page_bytes, page_count, data_offset
 
 
 def extents_in(extents: Iterable[Any], lo: int, hi: int) -> tuple[list[Extent], int]:
@@ -160,15 +179,3 @@ def scatter_from(mv: memoryview, base: int, ext: list[Extent], total: int, data:
             done += take
         pos = end
 
-
-def unmap(mv: Any, mm: Any) -> None:
-    """Release a mapping's memoryview, then the mmap itself. If views handed
-    out from it are still alive the mmap cannot close now; it closes when the
-    last of them is dropped."""
-    if mv is not None:
-        mv.release()
-    if mm is not None:
-        try:
-            mm.close()
-        except BufferError:
-            pass

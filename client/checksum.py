@@ -9,12 +9,19 @@ from __future__ import annotations
 
 from .arena_format import byte_view  # re-exported: callers take views from here
 
+import asyncio
 import zlib
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
-__all__ = ["ALGOS", "byte_view", "crc32", "checksum", "can_verify"]
+from .errors import ChecksumError
+
+__all__ = ["ALGOS", "byte_view", "crc32", "checksum", "can_verify", "checksums", "verify"]
+
+# Checksumming more than this many bytes runs in a worker thread (zlib drops
+# the GIL), so one large save or load does not stall heartbeats and other calls.
+OFFLOAD_BYTES = 4 << 20
 
 
 def crc32(buf: Any) -> int:
@@ -46,3 +53,24 @@ def can_verify(algo: int) -> bool:
 def checksum(algo: int, buf: Any) -> int:
     """The checksum of `buf` with `algo` (a ChecksumAlgo value); KeyError if unknown."""
     return ALGOS[algo](buf)
+
+
+async def checksums(algos: Sequence[int], bufs: Sequence[Any]) -> List[Optional[int]]:
+    """Checksum of bufs[i] with algos[i] (None where the algo is unknown here),
+    in a worker thread past OFFLOAD_BYTES."""
+    def run() -> List[Optional[int]]:
+        return [ALGOS[a](b) if a in ALGOS else None for a, b in zip(algos, bufs)]
+
+    total = sum(byte_view(b).nbytes for a, b in zip(algos, bufs) if a in ALGOS)
+    return await asyncio.to_thread(run) if total >= OFFLOAD_BYTES else run()
+
+
+async def verify(expected: Sequence[Tuple[int, int]], bufs: Sequence[Any]) -> None:
+    """Raise ChecksumError listing the bufs whose checksum differs from
+    expected[i] = (checksum_algo, checksum); those this process cannot
+    compute are not checked."""
+    got = await checksums([a for a, _ in expected], bufs)
+    bad = [i for i, ((_, want), have) in enumerate(zip(expected, got))
+           if have is not None and have != want]
+    if bad:
+        raise ChecksumError(bad)

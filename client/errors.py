@@ -15,7 +15,7 @@ import grpc
 __all__ = [
     "KVKeeperClientError", "NotFoundError", "FailedPreconditionError", "InvalidArgumentError",
     "ResourceExhaustedError", "UnavailableError", "OutOfRangeError", "DeadlineExceededError",
-    "ChecksumError", "from_rpc_error", "is_session_lost",
+    "ChecksumError", "from_rpc_error", "is_session_lost", "protocol_error",
 ]
 
 
@@ -117,3 +117,10 @@ def is_session_lost(err: BaseException) -> bool:
     if code == grpc.StatusCode.FAILED_PRECONDITION:
         return "session" in details and "expired" in details
     return False
+
+
+def protocol_error(what: str) -> KVKeeperClientError:
+    """The daemon answered something the protocol does not allow (the
+    daemon's fault, or a version mismatch): INTERNAL, never retried."""
+    return KVKeeperClientError(f"unexpected answer from the daemon: {what}",
+                               grpc.StatusCode.INTERNAL)

@@ -11,22 +11,14 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Tuple
 
-import grpc
-
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
-from .errors import KVKeeperClientError
+from .errors import protocol_error
 from .wire import Chunk, encode_write_chunk, parse_block_chunk
 
-__all__ = ["Coverage", "protocol_error", "load_stream_method", "write_blocks_method",
-           "write_frames"]
+__all__ = ["Coverage", "chunks", "load_stream_method", "write_blocks_method", "write_frames"]
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["KVKeeper"].full_name
-
-
-def protocol_error(what: str) -> KVKeeperClientError:
-    return KVKeeperClientError(f"unexpected answer from the daemon: {what}",
-                               grpc.StatusCode.INTERNAL)
 
 
 def load_stream_method(channel: Any) -> Any:

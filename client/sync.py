@@ -24,10 +24,13 @@ import grpc
 
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
-from .aio import CHANNEL_OPTIONS, AsyncClient, MatchResult, NamespaceLike, SaveResult
+from .aio import CHANNEL_OPTIONS, AsyncClient
 from .auth import TLSLike, bearer_metadata, sync_channel
 from .errors import DeadlineExceededError, from_rpc_error
+from .leases import MatchResult
 from .retry import MAX_DELAY
+from .saves import SaveResult
+from .session import NamespaceLike
 from .stream import Coverage, load_stream_method
 from .url import to_grpc_target
 from .wire import Chunk

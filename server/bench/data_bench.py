@@ -85,7 +85,7 @@ class _SizeRun:
 
     def __init__(self, bs: int, scale: Scale, kvk: ServerProcess, sink: Any, source: Any,
                  keys: _Keys) -> None:
-        from kvkeeper.client.aio import WRITE_CHUNK_BYTES
+        from kvkeeper.client.saves import WRITE_CHUNK_BYTES
         from kvkeeper.server.api.servicer import STREAM_CHUNK_BYTES
 
         self.bs, self.n = bs, scale.move_bytes // bs

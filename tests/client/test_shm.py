@@ -184,6 +184,20 @@ def test_wrong_lengths_raise(arena, mapping):
     assert arena.read(ext) == bytes(PB + 100)  # nothing was written
 
 
+def test_a_client_writes_whole_blocks_only(arena, mapping):
+    """The daemon's arena writes streamed chunks at an offset; the client's
+    mapping (the same mapping class) writes only whole reserved blocks."""
+    ext = arena.extents((1, 5), 2, PB + 100)
+    arena.write(ext, b"d" * 10, start=PB)
+    with pytest.raises(ValueError, match="extents hold"):
+        mapping.write(ext, b"c" * 10, start=PB)
+    with pytest.raises(ValueError, match="extents hold"):
+        mapping.write(ext, b"c" * (PB + 100), start=1)
+    assert arena.read(ext) == bytes(PB) + b"d" * 10 + bytes(90)  # nothing written
+    mapping.write(ext, b"c" * (PB + 100))
+    assert arena.read(ext) == b"c" * (PB + 100)
+
+
 def test_extents_outside_the_data_region_raise(arena, mapping):
     with pytest.raises(ValueError, match="data region"):
         mapping.write([(0, 8)], b"CLOBBERS")

@@ -155,7 +155,7 @@ async def test_another_tenants_namespace_is_permission_denied(secured: Any) -> N
     b = await connect(tcp(secured), "model-b", token=TOKEN_B)
     try:
         await b.save(keys(3), data(3, seed=7))
-        nsb = secured.ledger.namespaces[b._namespace_id]
+        nsb = secured.ledger.namespaces[b.namespace_id]
         before = {k: (x.state, x.refs, x.hits) for k, x in nsb.blocks.items()}
         details = await rejected(grpc.StatusCode.PERMISSION_DENIED,
                                  connect(tcp(secured), "model-b", token=TOKEN_A))

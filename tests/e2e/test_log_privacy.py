@@ -60,10 +60,10 @@ def test_json_log_has_no_tokens_and_no_keys(workdir: Path) -> None:
         with grpc.insecure_channel(url) as ch:
             stub = apb_grpc.KVKeeperAdminStub(ch)
             md = (("authorization", f"Bearer {OPS}"),)
-            stub.InspectBlock(apb.InspectBlockRequest(namespace_id=c._aclient._namespace_id,
+            stub.InspectBlock(apb.InspectBlockRequest(namespace_id=c.namespace_id,
                                                       key=KEYS[0]), metadata=md)
             with pytest.raises(grpc.RpcError):
-                stub.InspectBlock(apb.InspectBlockRequest(namespace_id=c._aclient._namespace_id,
+                stub.InspectBlock(apb.InspectBlockRequest(namespace_id=c.namespace_id,
                                                           key=KEYS[3]), metadata=md)
             with pytest.raises(grpc.RpcError):
                 stub.Evict(apb.EvictRequest(all=True),

@@ -46,7 +46,7 @@ def test_sighup_applies_safe_changes_and_refuses_a_capacity_change(workdir: Path
         d.serving()
         url = f"127.0.0.1:{port}"
         a = Client.connect(url, NS, token=TOKEN_A, max_retries=0)
-        sid = a._aclient._session_id
+        sid = a.session_id
         a.save(keys(3), [b"\x05" * BLOCK] * 3)
         with pytest.raises(KVKeeperClientError) as info:
             Client.connect(url, NS, token=TOKEN_B, max_retries=0)
@@ -60,7 +60,7 @@ def test_sighup_applies_safe_changes_and_refuses_a_capacity_change(workdir: Path
         b = Client.connect(url, NS, token=TOKEN_B, max_retries=0)      # the new token
         b.close()
         assert a.match(keys(3)).matched == 3                           # the old session goes on
-        assert a._aclient._session_id == sid
+        assert a.session_id == sid
 
         write_config(cfg, tokens=str(workdir / "tokens2.toml"), log_level="debug",
                      capacity="2MiB", **settings)

@@ -59,11 +59,11 @@ async def test_ls(capsys: Any, daemon: Any, client: Any) -> None:
     assert (rc, err) == (0, "")
     head, row = out.splitlines()
     assert head.split()[:6] == ["namespace", "model", "dtype", "block", "tp", "sessions"]
-    assert row.startswith(client._namespace_id.hex())
+    assert row.startswith(client.namespace_id.hex())
     assert "org/model-a" in row and "bfloat16" in row and "1/2" in row and "3 (12.0 KiB)" in row
     rc, out, _ = await cli(capsys, "ls", "--url", url(daemon), "--json")
     (item,) = json.loads(out)
-    assert item["namespace_id"] == client._namespace_id.hex()
+    assert item["namespace_id"] == client.namespace_id.hex()
     assert (item["sessions"], item["quota_bytes"], item["cache_salted"]) == (1, None, False)
     assert item["tiers"] == [{"tier": "host", "blocks": 3, "bytes": 3 * BLOCK}]
 
@@ -74,7 +74,7 @@ async def test_ls_when_empty(capsys: Any, daemon: Any) -> None:
 
 
 async def test_inspect(capsys: Any, daemon: Any, client: Any) -> None:
-    nsid, key = client._namespace_id.hex(), keys(3)[1].hex()
+    nsid, key = client.namespace_id.hex(), keys(3)[1].hex()
     rc, out, err = await cli(capsys, "inspect", nsid, key, "--url", url(daemon))
     assert (rc, err) == (0, "")
     assert key in out and nsid in out and "committed" in out and "crc32" in out
@@ -91,7 +91,7 @@ async def test_inspect(capsys: Any, daemon: Any, client: Any) -> None:
 
 async def test_evict(capsys: Any, daemon: Any, client: Any) -> None:
     m = await client.match(keys(1), lease=True)
-    rc, out, _ = await cli(capsys, "evict", "--namespace", client._namespace_id.hex(),
+    rc, out, _ = await cli(capsys, "evict", "--namespace", client.namespace_id.hex(),
                            "--url", url(daemon))
     assert rc == 0 and "evicted 2 blocks" in out and "1 stay" in out
     await client.release(m.lease_id)
@@ -121,7 +121,7 @@ async def test_verify(capsys: Any, daemon_factory: Any) -> None:
         rc, out, err = await cli(capsys, "verify", "--url", url(d))
         assert rc == 0 and "verified 4 blocks" in out and "0 bad" in out
         assert "verify: 4/4 blocks" in err
-        with open(d.disk.store.block_path(c._namespace_id, keys(4)[0]), "r+b") as f:
+        with open(d.disk.store.block_path(c.namespace_id, keys(4)[0]), "r+b") as f:
             f.seek(-1, os.SEEK_END)
             f.write(b"\x00")
         rc, out, _ = await cli(capsys, "verify", "--url", url(d), "--json")

@@ -70,7 +70,7 @@ async def test_list_namespaces(daemon: Any) -> None:
         by_model = {n.descriptor.model_id: n for n in resp.namespaces}
         assert sorted(by_model) == ["model-a", "model-b"]
         na, nb = by_model["model-a"], by_model["model-b"]
-        assert na.namespace_id == a._namespace_id and na.registered
+        assert na.namespace_id == a.namespace_id and na.registered
         assert (na.sessions, nb.sessions) == (1, 2)
         assert [(t.tier, t.blocks, t.bytes) for t in na.tiers] == [(pb.TIER_HOST, 3, 3 * 8192)]
         assert (nb.descriptor.tp_rank, nb.descriptor.tp_size, nb.descriptor.block_bytes) == \
@@ -90,7 +90,7 @@ async def test_inspect_block(daemon: Any) -> None:
         ks = keys(2)
         await c.save(ks, data(2))
         m = await c.match(ks, lease=True)
-        nsid = c._namespace_id
+        nsid = c.namespace_id
         r = await stub.InspectBlock(apb.InspectBlockRequest(namespace_id=nsid, key=ks[0]))
         (copy,) = r.copies
         assert (copy.tier, copy.state, copy.refs, copy.hits, copy.bytes) == \
@@ -120,7 +120,7 @@ async def test_evict_a_namespace_or_all(daemon: Any) -> None:
         await a.save(keys(4), data(4))
         await b.save(keys(3), data(3))
         m = await a.match(keys(1), lease=True)            # a leased block stays
-        r = await stub.Evict(apb.EvictRequest(namespace_id=a._namespace_id))
+        r = await stub.Evict(apb.EvictRequest(namespace_id=a.namespace_id))
         assert (r.evicted, r.remaining) == (3, 1)
         assert (await a.match(keys(4))).matched == 1
         assert (await b.match(keys(3))).matched == 3        # the other namespace is untouched
@@ -194,7 +194,7 @@ async def test_verify_reports_and_quarantines_bad_files(daemon_factory: Any, dis
     try:
         ks = keys(5)
         await c.save(ks, data(5))
-        with open(d.disk.store.block_path(c._namespace_id, ks[2]), "r+b") as f:
+        with open(d.disk.store.block_path(c.namespace_id, ks[2]), "r+b") as f:
             f.seek(-3, os.SEEK_END)
             f.write(b"\xff\x00\xff")
         msgs = [m async for m in stub.Verify(apb.VerifyRequest())]
@@ -223,7 +223,7 @@ async def test_disk_only_namespaces_are_listed(daemon_factory: Any, disk_dir: st
     a = await daemon_factory(**cfg)
     c = await AsyncClient.connect(f"unix://{a.socket_path}", ns())
     await c.save(keys(3), data(3))
-    nsid = c._namespace_id
+    nsid = c.namespace_id
     await c.close()
     await a.stop(0)
     b = await daemon_factory(**cfg)

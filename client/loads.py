@@ -1,0 +1,160 @@
+"""Loading a lease's blocks: from the mapped arena, or streamed.
+
+With the arena mapped, Load returns each block's extents and the client
+copies (or views) the bytes itself; otherwise LoadStream sends them in
+chunks. Either way every block's checksum, given at commit, is checked
+against the bytes received (unless the client was made with checksum="none"),
+except where the caller takes the bytes unchecked: `arena_views` and
+`load_chunks` say so.
+"""
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, List, Optional, Sequence, Tuple
+
+import grpc
+
+from kvkeeper.v1 import kvkeeper_pb2 as pb
+
+from .checks import block_views
+from .checksum import verify
+from .errors import from_rpc_error, protocol_error
+from .retry import call_with_retry
+from .session import Session
+from .stream import Coverage, chunks, load_stream_method
+from .transport import Transport
+from .wire import Chunk
+
+__all__ = ["Loads"]
+
+
+def _check_span(ref: pb.BlockRef, block_bytes: int, what: str) -> None:
+    """A ref whose extents do not add up to a block is the daemon's error,
+    caught before any byte is copied or handed out."""
+    length = sum(e.length for e in ref.extents)
+    if length != block_bytes:
+        raise protocol_error(f"{what} spans {length} bytes, not {block_bytes}")
+
+
+class Loads:
+    """The load operations of one client (see AsyncClient for their use)."""
+
+    def __init__(self, session: Session, transport: Transport, checksum_algo: int) -> None:
+        self._session = session
+        self._transport = transport
+        self._verifies = checksum_algo != pb.CHECKSUM_NONE
+        # The bulk messages go through kvkeeper.client.wire (fewer copies, same bytes).
+        self._load_stream_rpc = load_stream_method(session.channel)
+
+    @property
+    def _block_bytes(self) -> int:
+        return self._session.namespace.block_bytes
+
+    async def _verify(self, expected: Sequence[Tuple[int, int]], bufs: Sequence[Any]) -> None:
+        if self._verifies:
+            await verify(expected, bufs)
+
+    async def block_refs(self, lease_id: int) -> pb.LoadResponse:
+        """Load: where the lease's blocks lie in the arena, and their checksums."""
+        return await self._session.unary(
+            "Load", lambda s: pb.LoadRequest(session_id=s, lease_id=lease_id),
+            retry=True, rebind=False)
+
+    def arena_views(self, refs: Sequence[pb.BlockRef]) -> Optional[List[List[memoryview]]]:
+        """See AsyncClient.arena_views. Synchronous and safe from any thread:
+        it only reads the mapping."""
+        m = self._transport.mapping
+        if m is None:
+            return None
+        for i, ref in enumerate(refs):
+            _check_span(ref, self._block_bytes, f"block ref {i}")
+        try:
+            if not m.still_valid():
+                return None
+            return [[v.toreadonly() for v in m.gather(ref.extents)] for ref in refs]
+        except ValueError as e:
+            # Another thread (Client's event loop) may close the mapping meanwhile.
+            if m.closed:
+                return None
+            raise protocol_error(f"block ref outside the arena: {e}") from None
+
+    async def load(self, lease_id: int) -> List[bytes]:
+        """The bytes of every block of the lease, in lease order."""
+        m = self._transport.live()
+        if m is not None:
+            resp = await self.block_refs(lease_id)
+            if self._transport.still_current(m):
+                blocks = [m.read(ref.extents) for ref in resp.blocks]
+                await self._verify([(r.checksum_algo, r.checksum) for r in resp.blocks], blocks)
+                return blocks
+        return await self._load_stream(lease_id, None)
+
+    async def load_into(self, lease_id: int, outs: Sequence[Any]) -> None:
+        """Copy the lease's blocks into `outs` (see AsyncClient.load_into)."""
+        views = block_views(outs, self._block_bytes, writable=True)
+        m = self._transport.live()
+        if m is not None:
+            resp = await self.block_refs(lease_id)
+            if len(resp.blocks) != len(views):
+                raise ValueError(f"lease {lease_id} holds {len(resp.blocks)} blocks but "
+                                 f"{len(views)} buffers were given")
+            if self._transport.still_current(m):
+                for i, (ref, v) in enumerate(zip(resp.blocks, views)):
+                    _check_span(ref, self._block_bytes, f"block {i} of lease {lease_id}")
+                    m.read_into(ref.extents, v)
+                await self._verify([(r.checksum_algo, r.checksum) for r in resp.blocks], views)
+                return
+        await self._load_stream(lease_id, views)
+
+    async def load_chunks(self, lease_id: int,
+                          max_blocks: Optional[int] = None) -> AsyncIterator[Chunk]:
+        """LoadStream's chunks as they arrive, unchecked and not retried (see
+        AsyncClient.load_chunks)."""
+        s = self._session
+        s.check_open()
+        cov = Coverage(lease_id, self._block_bytes, max_blocks)
+        req = pb.LoadRequest(session_id=s.id, lease_id=lease_id)
+        try:
+            call = self._load_stream_rpc(req, timeout=s.timeout, metadata=s.metadata)
+            async for ch in chunks(call, cov):
+                yield ch
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, "LoadStream") from e
+        cov.finish()
+
+    async def _load_stream(self, lease_id: int, views: Optional[List[memoryview]]) -> List[bytes]:
+        """LoadStream, assembled into `views` (load_into) or into new bytes (load).
+        The stream is read-only, so a whole stream is retried on UNAVAILABLE."""
+        s = self._session
+        s.check_open()
+        bb = self._block_bytes
+        req = pb.LoadRequest(session_id=s.id, lease_id=lease_id)
+
+        async def attempt() -> Tuple[Coverage, dict]:
+            cov = Coverage(lease_id, bb, len(views) if views is not None else None)
+            parts: dict = {}    # index -> [(offset, data)], for load()
+            call = self._load_stream_rpc(req, timeout=s.timeout, metadata=s.metadata)
+            async for ch in chunks(call, cov):
+                if views is not None:
+                    views[ch.index][ch.offset:ch.offset + ch.data.nbytes] = ch.data
+                else:
+                    parts.setdefault(ch.index, []).append((ch.offset, ch.data))
+            return cov, parts
+
+        try:
+            cov, parts = await call_with_retry(attempt, max_retries=s.max_retries)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, "LoadStream") from e
+        sums = cov.finish()
+        n = len(sums)
+        if views is not None:
+            if n != len(views):
+                raise ValueError(f"lease {lease_id} holds {n} blocks but {len(views)} buffers "
+                                 "were given")
+            bufs: List[Any] = views
+            out: List[bytes] = []
+        else:
+            out = [b"".join(d for _, d in sorted(parts[i], key=lambda p: p[0]))
+                   for i in range(n)]
+            bufs = out
+        await self._verify(sums, bufs)
+        return out
