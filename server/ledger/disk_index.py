@@ -12,10 +12,12 @@ namespace is registered again.
     (writing, failed)     -> absent     bytes given back
     (absent,  adopt)      -> stored     found on disk (recovery, another daemon's write)
     (stored,  pin/unpin)  -> stored     a promotion is reading the file
-    (stored,  evict)      -> absent     LRU among unpinned entries; the caller deletes the file
+    (stored,  evict)      -> absent     the policy's victim among unpinned entries; the caller
+                                        deletes the file
     (stored,  drop)       -> absent     the file is gone or corrupt
 
-Eviction is O(1) per entry through the same intrusive free list as the host tier.
+Eviction takes the configured policy's victims (policy.py, as the host tier)
+through the one eviction loop (room.py).
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ from dataclasses import dataclass
 from typing import Iterator, Optional
 
 from ..errors import InvalidTransition, InvariantViolation, ResourceExhausted
-from .freelist import FreeList
+from .policy import make_policy
+from .room import make_room
 
 WRITING = "writing"
 STORED = "stored"
@@ -33,13 +36,14 @@ Where = tuple[bytes, bytes]  # (namespace digest, key)
 
 
 class DiskEntry:
-    __slots__ = ("where", "nbytes", "state", "pins", "prev", "next")
+    __slots__ = ("where", "nbytes", "state", "pins", "hits", "prev", "next")
 
     def __init__(self, where: Where, nbytes: int, state: str) -> None:
         self.where = where
         self.nbytes = nbytes
         self.state = state
         self.pins = 0
+        self.hits = 0   # what the hits-lru policy orders by
         self.prev: Optional[DiskEntry] = None
         self.next: Optional[DiskEntry] = None
 
@@ -54,12 +58,12 @@ class Reservation:
 
 
 class DiskIndex:
-    def __init__(self, capacity_bytes: int) -> None:
+    def __init__(self, capacity_bytes: int, policy: str = "lru") -> None:
         if capacity_bytes <= 0:
             raise ValueError("the disk tier needs a positive capacity")
         self.capacity_bytes = capacity_bytes
         self.entries: dict[Where, DiskEntry] = {}
-        self._lru = FreeList()
+        self._policy = make_policy(policy)
         self.used_bytes = 0
         self.evictable_bytes = 0
         # Monotonic counters, read by the metrics collector.
@@ -77,7 +81,7 @@ class DiskIndex:
         return e if e is not None and e.state == STORED else None
 
     def reserve(self, ns: bytes, key: bytes, nbytes: int) -> Optional[Reservation]:
-        """Take `nbytes` for a new copy, evicting LRU unpinned entries if needed.
+        """Take `nbytes` for a new copy, evicting unpinned entries if needed.
 
         None when a copy exists or is being written already. ResourceExhausted,
         with nothing changed, when even evicting every unpinned entry would not
@@ -93,13 +97,14 @@ class DiskIndex:
                 f"{self.evictable_bytes} B evictable of {self.capacity_bytes} B); "
                 "raise disk_tier.capacity_bytes or free space")
         evicted: list[Where] = []
-        while self.capacity_bytes - self.used_bytes < nbytes:
-            victim = self._lru.popleft()
-            if victim is None:
-                raise InvariantViolation(f"disk tier: evictable_bytes={self.evictable_bytes} but no victim")
+
+        def evict(victim: DiskEntry) -> int:
             self.evictable_bytes -= victim.nbytes
             self._remove(victim, "capacity")
             evicted.append(victim.where)
+            return victim.nbytes
+
+        make_room(self._policy, free, nbytes, evict, "disk tier")
         entry = DiskEntry(where, nbytes, WRITING)
         self.entries[where] = entry
         self.used_bytes += nbytes
@@ -149,8 +154,9 @@ class DiskIndex:
         """A hit: the entry becomes the most recently used."""
         self.hit_blocks += 1
         if entry.pins == 0 and entry.state == STORED:
-            self._unlink(entry)
-            self._link(entry)
+            self._policy.hit(entry)
+        else:
+            entry.hits += 1
 
     def drop(self, entry: DiskEntry, reason: str) -> None:
         """Forget a stored copy whose file is gone or corrupt (pins or not)."""
@@ -163,7 +169,7 @@ class DiskIndex:
     def evict_unpinned(self, reason: str = "admin") -> list[Where]:
         out = []
         while True:
-            victim = self._lru.popleft()
+            victim = self._policy.pop()
             if victim is None:
                 return out
             self.evictable_bytes -= victim.nbytes
@@ -179,11 +185,11 @@ class DiskIndex:
             raise InvalidTransition(entry.label(), entry.state, event)
 
     def _link(self, entry: DiskEntry) -> None:
-        self._lru.append(entry)
+        self._policy.add(entry)
         self.evictable_bytes += entry.nbytes
 
     def _unlink(self, entry: DiskEntry) -> None:
-        self._lru.remove(entry)
+        self._policy.remove(entry)
         self.evictable_bytes -= entry.nbytes
 
     def _remove(self, entry: DiskEntry, reason: str) -> None:
@@ -195,9 +201,9 @@ class DiskIndex:
         used = sum(e.nbytes for e in self.entries.values())
         if used != self.used_bytes or used > self.capacity_bytes:
             raise InvariantViolation(f"disk: used {self.used_bytes}, entries hold {used}")
-        linked = list(self._lru)
+        linked = list(self._policy)
         expect = [e for e in self.entries.values() if e.state == STORED and e.pins == 0]
         if {id(e) for e in linked} != {id(e) for e in expect} or len(linked) != len(expect):
-            raise InvariantViolation("disk: LRU list differs from the unpinned stored entries")
+            raise InvariantViolation("disk: the policy differs from the unpinned stored entries")
         if sum(e.nbytes for e in linked) != self.evictable_bytes:
-            raise InvariantViolation("disk: evictable bytes disagree with the LRU list")
+            raise InvariantViolation("disk: evictable bytes disagree with the policy")
