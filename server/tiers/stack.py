@@ -73,7 +73,6 @@ class TierStack:
         self.clock = clock
         self._flushes: set[asyncio.Task[Any]] = set()
         self._promotions: dict[tuple[bytes, bytes], asyncio.Future[bool]] = {}
-        self.draining = False
 
     def tier(self, name: TierName) -> Optional[LowerTier]:
         return self._by_name.get(name)
@@ -288,7 +287,6 @@ class TierStack:
 
     async def drain(self) -> None:
         """Finish every write-back flush (graceful shutdown, admin Drain)."""
-        self.draining = True
         while self._flushes:
             await asyncio.gather(*list(self._flushes), return_exceptions=True)
 
