@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..ids import TierName
-from . import books
 from .disk_index import DiskIndex
 from .records import Block, Lease, Namespace
 from .results import Located

@@ -137,7 +137,8 @@ async def test_write_through_then_promotion_of_an_evicted_block(arena) -> None:
     m = await stack.match(s.id, [key(1)], lease=True)
     assert m.matched == 1 and m.tiers == [MEM] and m.lease_id is not None
     b = led.leases[m.lease_id].blocks[0]
-    assert b.tier is led.top and bytes(stack.host.view(stack._host_loc(b))) == b"\x01" * PAGE
+    loc = stack.host.locate(s.ns.id, key(1), PAGE, b.pages)
+    assert b.tier is led.top and bytes(stack.host.view(loc)) == b"\x01" * PAGE
     stats = {t.name: t for t in stack.tier_stats()}
     assert stats[MEM].hit_blocks == 1 and stats[MEM].hit_tokens == 4
     assert stats[HOST].hit_blocks == 0
