@@ -21,7 +21,7 @@ from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 from ..errors import FailedPrecondition, InvalidArgument, NotFound
 from ..ids import NamespaceId
-from ..ledger import Ledger
+from ..ledger import Holding, Ledger
 from ..ledger.quota import quota_for
 from ..tiers.stack import TierStack
 from .convert import tier_to_pb
@@ -33,6 +33,11 @@ NAMESPACE_ID_BYTES = 16
 # Verify reports progress about this many times, whatever the number of blocks.
 PROGRESS_STEPS = 100
 SALT_SET = "(set)"
+
+
+def _add_holdings(info: Any, holdings: list[Holding]) -> None:
+    for h in holdings:
+        info.tiers.add(tier=tier_to_pb(h.tier), blocks=h.blocks, bytes=h.bytes)
 
 
 class _VerifyCancelled(Exception):
@@ -83,16 +88,13 @@ class AdminServicer(apb_grpc.KVKeeperAdminServicer):
                 tp_rank=d.tp_rank, tp_size=d.tp_size, lora_tag=d.lora_tag,
                 # A salt keeps one tenant's prefixes from another's: say only that it is set.
                 cache_salt=SALT_SET if d.cache_salt else ""))
-            for h in held.pop(ns.id):
-                info.tiers.add(tier=tier_to_pb(h.tier), blocks=h.blocks, bytes=h.bytes)
+            _add_holdings(info, held.pop(ns.id))
             quota = quota_for(L.quotas, d.model_id)
             if quota is not None:
                 info.quota_bytes = quota
         # Namespaces lower tiers hold that no session has named since start-up.
         for ns_id in sorted(held):
-            info = resp.namespaces.add(namespace_id=ns_id, registered=False)
-            for h in held[ns_id]:
-                info.tiers.add(tier=tier_to_pb(h.tier), blocks=h.blocks, bytes=h.bytes)
+            _add_holdings(resp.namespaces.add(namespace_id=ns_id, registered=False), held[ns_id])
         return resp
 
     @rpc
