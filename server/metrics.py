@@ -134,15 +134,6 @@ class LedgerCollector:
             g(p + "namespaces", "Namespaces known to the ledger."),
             c(p + "sessions_expired", "Sessions dropped for a missed heartbeat."),
             c(p + "reservations_timed_out", "Save reservations dropped uncommitted after their timeout."),
-            c(p + "disk_read_bytes", "Bytes read from the disk tier's files."),
-            c(p + "disk_written_bytes", "Bytes written to the disk tier's files."),
-            c(p + "disk_io_errors", "Failed disk tier file operations."),
-            c(p + "disk_checksum_failures", "Disk blocks that failed their checksum (never served)."),
-            c(p + "disk_quarantined_blocks", "Disk block files moved to quarantine."),
-            c(p + "disk_gc_runs", "Garbage-collection runs of the disk tier."),
-            c(p + "disk_flush_failures", "Blocks that could not be written to the disk tier."),
-            g(p + "disk_recovery_seconds", "Time the disk tier took to rebuild its index at start-up."),
-            g(p + "disk_recovered_blocks", "Blocks found on disk at start-up."),
         ]
         return {f.name: f for f in fams}
 
@@ -195,10 +186,15 @@ class LedgerCollector:
                 fam("tier_blocks").add_metric([name, "committed"],
                                               max(0, t.blocks - t.pending_blocks))
                 fam("tier_blocks").add_metric([name, "pending"], t.pending_blocks)
+        out = list(f.values())
         if stack is not None:
-            for family, value in stack.counters().items():
-                fam(family).add_metric([], value)
-        return iter(f.values())
+            # The tiers' own series (disk I/O, recovery ...), declared by each tier.
+            for tc in stack.counters():
+                kind = CounterMetricFamily if tc.kind == "counter" else GaugeMetricFamily
+                family = kind(p + tc.name, tc.help)
+                family.add_metric([], tc.value)
+                out.append(family)
+        return iter(out)
 
 
 class _HttpExporter:

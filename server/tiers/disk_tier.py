@@ -25,6 +25,7 @@ from ..ledger import Ledger
 from ..ledger.disk_index import DiskIndex
 from .backend import BlockStore, DiskBackend, DiskLoc, copy_block
 from .disk import DiskFull, DiskIOError, DiskStore, RecoveryReport, TierError, VerifyReport
+from .stack import TierCounter
 
 log = logging.getLogger("kvkeeper.disk")
 
@@ -33,6 +34,18 @@ GC_LEASE_S = 30.0
 GC_INTERVAL_S = 10.0
 # Start-up sizing when disk_tier.capacity_bytes is 0: leave the filesystem some room.
 AUTO_CAPACITY_SHARE = 0.9
+# What the tier exports beside its book, in the order counters() reads the values.
+SERIES: tuple[tuple[str, str, str], ...] = (
+    ("disk_read_bytes", "counter", "Bytes read from the disk tier's files."),
+    ("disk_written_bytes", "counter", "Bytes written to the disk tier's files."),
+    ("disk_io_errors", "counter", "Failed disk tier file operations."),
+    ("disk_checksum_failures", "counter", "Disk blocks that failed their checksum (never served)."),
+    ("disk_quarantined_blocks", "counter", "Disk block files moved to quarantine."),
+    ("disk_gc_runs", "counter", "Garbage-collection runs of the disk tier."),
+    ("disk_flush_failures", "counter", "Blocks that could not be written to the disk tier."),
+    ("disk_recovery_seconds", "gauge", "Time the disk tier took to rebuild its index at start-up."),
+    ("disk_recovered_blocks", "gauge", "Blocks found on disk at start-up."),
+)
 
 
 def default_owner() -> str:
@@ -174,15 +187,13 @@ class DiskTier:
         self.pool.shutdown(wait=True)
 
     # ------------------------------------------------------------ counters
-    def counters(self) -> dict[str, float]:
-        """The tier's own metric families (kvkeeper_<name>), at scrape time."""
+    def counters(self) -> list[TierCounter]:
+        """The tier's own series, read at scrape time (scalars only: another thread)."""
         st = self.store
-        return {"disk_read_bytes": st.bytes_read, "disk_written_bytes": st.bytes_written,
-                "disk_io_errors": st.io_errors, "disk_checksum_failures": st.checksum_failures,
-                "disk_quarantined_blocks": st.quarantined, "disk_gc_runs": st.gc_runs,
-                "disk_flush_failures": self.flush_failures,
-                "disk_recovery_seconds": self.recovery.seconds,
-                "disk_recovered_blocks": self.recovery.blocks}
+        values = (st.bytes_read, st.bytes_written, st.io_errors, st.checksum_failures,
+                  st.quarantined, st.gc_runs, self.flush_failures, self.recovery.seconds,
+                  self.recovery.blocks)
+        return [TierCounter(name, kind, text, v) for (name, kind, text), v in zip(SERIES, values)]
 
     def errors(self) -> dict[str, int]:
         """Error counters an operator is told about when they grow (watch.py)."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol, Sequence
 
 from ..errors import ClientError, ResourceExhausted
@@ -38,6 +39,16 @@ from .arena import Arena
 from .backend import ArenaBackend, BlockStore, CorruptBlock, TierError
 
 log = logging.getLogger("kvkeeper.stack")
+
+
+@dataclass(frozen=True)
+class TierCounter:
+    """One series a tier exports beside its book (kvkeeper_<name>[_total])."""
+
+    name: str
+    kind: str       # "counter" or "gauge"
+    help: str
+    value: float
 
 
 class LowerTier(Protocol):
@@ -58,7 +69,7 @@ class LowerTier(Protocol):
     async def forget(self, where: tuple[bytes, bytes]) -> None: ...
     async def maintain(self) -> None: ...
     async def close(self) -> None: ...
-    def counters(self) -> dict[str, float]: ...
+    def counters(self) -> list[TierCounter]: ...
     def errors(self) -> dict[str, int]: ...
 
 
@@ -87,12 +98,9 @@ class TierStack:
     def copies(self, ns_id: NamespaceId, key: bytes) -> list[Copy]:
         return copies(self.ledger, ns_id, key, self.clock())
 
-    def counters(self) -> dict[str, float]:
-        """The lower tiers' own metric families, by name."""
-        out: dict[str, float] = {}
-        for t in self.lower:
-            out.update(t.counters())
-        return out
+    def counters(self) -> list[TierCounter]:
+        """The series the lower tiers export beside their books."""
+        return [c for t in self.lower for c in t.counters()]
 
     def errors(self) -> dict[TierName, dict[str, int]]:
         return {t.name: t.errors() for t in self.lower}
