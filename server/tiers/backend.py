@@ -1,4 +1,4 @@
-"""The one contract every tier offers for stored bytes, and its two implementations.
+"""The one contract every tier offers for stored bytes, and the host arena's implementation.
 
 The ledger decides where a block lives and keeps every tier's book; a
 backend only holds bytes. It first turns (namespace, key, size[, the
@@ -14,7 +14,9 @@ and says what it can hold (`capacity_bytes`, `used_bytes()`) and how clients
 reach its bytes (`reach`): same-host extents of a shared mapping, bytes
 streamed through the daemon, or files. Moving a block between tiers is then
 `copy_block(src, src_loc, dst, dst_loc)`, whatever the two backends are: the
-tier stack (stack.py) does it for promotions and flushes.
+tier stack (stack.py) does it for promotions and flushes. Each tier's module
+holds its backend (the disk's is disk_tier.DiskBackend); every backend passes
+tests/server/tiers/test_backend_contract.py.
 
 What differs, and is stated rather than papered over:
 
@@ -38,10 +40,10 @@ from kvkeeper.client.arena_format import Extent, byte_view
 from ..ledger.pages import Pages
 from ..ledger.units import ceil_div
 from .arena import Arena
-from .disk import CorruptBlock, DiskStore, NotStored, TierError, check_ns_key
+from .disk import CorruptBlock, NotStored, TierError, check_ns_key
 
-__all__ = ["ArenaBackend", "ArenaLoc", "BlockStore", "CorruptBlock", "DiskBackend", "DiskLoc",
-           "NotStored", "Reach", "TierError", "copy_block"]
+__all__ = ["ArenaBackend", "ArenaLoc", "BlockStore", "CorruptBlock", "NotStored", "Reach",
+           "TierError", "check_size", "copy_block"]
 
 L = TypeVar("L")
 
@@ -109,7 +111,8 @@ def copy_block(src: BlockStore[Any], src_loc: Any, dst: BlockStore[Any], dst_loc
     dst.write(dst_loc, out)
 
 
-def _check_size(what: str, got: int, nbytes: int) -> None:
+def check_size(what: str, got: int, nbytes: int) -> None:
+    """ValueError unless a caller's buffer holds exactly the block's bytes."""
     if got != nbytes:
         raise ValueError(f"{what} holds {got} bytes, the block {nbytes}")
 
@@ -151,13 +154,13 @@ class ArenaBackend:
 
     def write(self, loc: ArenaLoc, data: Any) -> int:
         src = byte_view(data)
-        _check_size("data", src.nbytes, loc.nbytes)
+        check_size("data", src.nbytes, loc.nbytes)
         self.arena.write(loc.extents, src)
         return loc.nbytes
 
     def read_into(self, loc: ArenaLoc, out: Any) -> None:
         dst = byte_view(out, writable=True)
-        _check_size("out", dst.nbytes, loc.nbytes)
+        check_size("out", dst.nbytes, loc.nbytes)
         self.arena.read_into(loc.extents, dst)
 
     def discard(self, loc: ArenaLoc) -> int:
@@ -170,56 +173,3 @@ class ArenaBackend:
         if len(loc.extents) != 1:
             return None
         return self.arena.view(*loc.extents[0])
-
-
-# ---------------------------------------------------------------- disk
-
-class DiskLoc(NamedTuple):
-    ns: bytes
-    key: bytes
-    nbytes: int
-
-
-class DiskBackend:
-    """The disk store: one file per block, found by (namespace, key)."""
-
-    name = "disk"
-    persistent = True
-    tracks_presence = True
-    reach = Reach.FILES
-
-    def __init__(self, store: DiskStore, capacity_bytes: int = 0) -> None:
-        """`capacity_bytes`: what the tier may use; 0 means what the filesystem
-        gives now (free space plus the blocks already stored)."""
-        self.store = store
-        self.capacity_bytes = capacity_bytes or store.fs_free_bytes() + store.used_bytes
-
-    def used_bytes(self) -> int:
-        return self.store.used_bytes
-
-    def locate(self, ns: bytes, key: bytes, nbytes: int, pages: Pages | None = None) -> DiskLoc:
-        ns, key = check_ns_key(ns, key)
-        if pages is not None:
-            raise ValueError("disk locations take no pages")
-        if nbytes <= 0:
-            raise ValueError(f"a block has at least one byte, got nbytes={nbytes}")
-        return DiskLoc(ns, key, nbytes)
-
-    def write(self, loc: DiskLoc, data: Any) -> int:
-        src = byte_view(data)
-        _check_size("data", src.nbytes, loc.nbytes)
-        return self.store.write(loc.ns, loc.key, src)
-
-    def read_into(self, loc: DiskLoc, out: Any) -> None:
-        dst = byte_view(out, writable=True)
-        _check_size("out", dst.nbytes, loc.nbytes)
-        self.store.read_into(loc.ns, loc.key, dst)
-
-    def discard(self, loc: DiskLoc) -> int:
-        return self.store.delete(loc.ns, loc.key)
-
-    def contains(self, loc: DiskLoc) -> Optional[bool]:
-        return self.store.contains(loc.ns, loc.key)
-
-    def view(self, loc: DiskLoc) -> Optional[memoryview]:
-        return None  # a file: bytes are copied in and out

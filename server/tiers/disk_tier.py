@@ -1,6 +1,6 @@
 """The disk tier below the host arena: its store behind the tier contract
-(backend.DiskBackend), the rules of a directory several daemons may share,
-and the tier's own counters.
+(DiskBackend), the rules of a directory several daemons may share, and the
+tier's own counters.
 
 The tier stack (stack.py) decides what moves and keeps the ledger's books
 right; this module only moves bytes across the disk's boundary, always in
@@ -17,14 +17,18 @@ import os
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
+
+from kvkeeper.client.arena_format import byte_view
 
 from ..errors import ClientError, ResourceExhausted, Unavailable
 from ..ids import DISK, TierName
 from ..ledger import Ledger
 from ..ledger.disk_index import DiskIndex
-from .backend import BlockStore, DiskBackend, DiskLoc, copy_block
-from .disk import DiskFull, DiskIOError, DiskStore, RecoveryReport, TierError, VerifyReport
+from ..ledger.pages import Pages
+from .backend import BlockStore, Reach, check_size, copy_block
+from .disk import (DiskFull, DiskIOError, DiskStore, RecoveryReport, TierError, VerifyReport,
+                   check_ns_key)
 from .stack import TierCounter
 
 log = logging.getLogger("kvkeeper.disk")
@@ -51,6 +55,58 @@ SERIES: tuple[tuple[str, str, str], ...] = (
 def default_owner() -> str:
     host = "".join(c if c.isalnum() or c in "._-" else "-" for c in socket.gethostname())[:64]
     return f"{host or 'host'}-{os.getpid()}"
+
+
+class DiskLoc(NamedTuple):
+    ns: bytes
+    key: bytes
+    nbytes: int
+
+
+class DiskBackend:
+    """The disk store behind the tier contract: one file per block, found by
+    (namespace, key)."""
+
+    name = "disk"
+    persistent = True
+    tracks_presence = True
+    reach = Reach.FILES
+
+    def __init__(self, store: DiskStore, capacity_bytes: int = 0) -> None:
+        """`capacity_bytes`: what the tier may use; 0 means what the filesystem
+        gives now (free space plus the blocks already stored)."""
+        self.store = store
+        self.capacity_bytes = capacity_bytes or store.fs_free_bytes() + store.used_bytes
+
+    def used_bytes(self) -> int:
+        return self.store.used_bytes
+
+    def locate(self, ns: bytes, key: bytes, nbytes: int, pages: Pages | None = None) -> DiskLoc:
+        ns, key = check_ns_key(ns, key)
+        if pages is not None:
+            raise ValueError("disk locations take no pages")
+        if nbytes <= 0:
+            raise ValueError(f"a block has at least one byte, got nbytes={nbytes}")
+        return DiskLoc(ns, key, nbytes)
+
+    def write(self, loc: DiskLoc, data: Any) -> int:
+        src = byte_view(data)
+        check_size("data", src.nbytes, loc.nbytes)
+        return self.store.write(loc.ns, loc.key, src)
+
+    def read_into(self, loc: DiskLoc, out: Any) -> None:
+        dst = byte_view(out, writable=True)
+        check_size("out", dst.nbytes, loc.nbytes)
+        self.store.read_into(loc.ns, loc.key, dst)
+
+    def discard(self, loc: DiskLoc) -> int:
+        return self.store.delete(loc.ns, loc.key)
+
+    def contains(self, loc: DiskLoc) -> Optional[bool]:
+        return self.store.contains(loc.ns, loc.key)
+
+    def view(self, loc: DiskLoc) -> Optional[memoryview]:
+        return None  # a file: bytes are copied in and out
 
 
 class DiskTier:

@@ -1,4 +1,5 @@
-"""One contract, every tier backend: the arena and the disk store pass the same suite."""
+"""One contract, every tier backend: the arena and the disk store pass the same
+suite. A new tier's backend joins KINDS and `harness`."""
 from __future__ import annotations
 
 import contextlib
@@ -14,9 +15,9 @@ import pytest
 from kvkeeper.server.ledger.pages import PageAllocator
 from kvkeeper.server.ledger.units import ceil_div
 from kvkeeper.server.tiers.arena import HEADER_BYTES, Arena
-from kvkeeper.server.tiers.backend import (ArenaBackend, BlockStore, DiskBackend, NotStored,
-                                           Reach, copy_block)
+from kvkeeper.server.tiers.backend import ArenaBackend, BlockStore, NotStored, Reach, copy_block
 from kvkeeper.server.tiers.disk import DiskStore
+from kvkeeper.server.tiers.disk_tier import DiskBackend
 
 KiB, MiB = 1 << 10, 1 << 20
 PAGE = 64 * KiB
