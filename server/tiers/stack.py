@@ -33,7 +33,8 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 
 from ..errors import ClientError, ResourceExhausted
 from ..ids import LOCAL, Identity, NamespaceId, SessionId, TierName
-from ..ledger import Block, BlockState, Copy, Holding, Lease, Ledger, MatchResult, Namespace, TierStats
+from ..ledger import (Block, BlockState, Copy, Holding, Lease, Ledger, MatchResult, Namespace,
+                      TierStats)
 from ..ledger.views import copies, holdings, tier_stats
 from .arena import Arena
 from .backend import ArenaBackend, BlockStore, CorruptBlock, TierError
