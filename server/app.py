@@ -1,4 +1,5 @@
-"""Daemon assembly: ledger + arena + servicer + admin + auth + health + reflection + metrics.
+"""Daemon assembly: ledger + tier stack (arena, tiers below) + servicer + admin + auth +
+health + reflection + metrics.
 
 Shape after grpc's own examples: `create_server(config)` returns
 `(server, port)` with the TCP port actually bound (tests ask for port 0).
@@ -41,6 +42,7 @@ from .security.tokens import TokenTable, load_tokens
 from .tiers.arena import Arena
 from .tiers.disk_tier import DiskTier
 from .version import package_version
+from .tiers.stack import LowerTier, TierStack
 
 log = logging.getLogger("kvkeeper")
 
@@ -99,20 +101,15 @@ class Daemon:
             raise
         if self.arena.page_count < self.ledger.top.capacity_pages:
             raise RuntimeError("arena holds fewer pages than the ledger plans for")
+        try:
+            lower = _lower_tiers(config, self.ledger)
+        except BaseException:
+            self.arena.close()
+            raise
+        self.stack = TierStack(self.ledger, self.arena, lower)
         self.metrics = Metrics()
         self.metrics.attach_ledger(self.ledger, self.started_at)
-        self.disk: Optional[DiskTier] = None
-        dt = config.disk_tier
-        if dt.path:
-            try:
-                self.disk = DiskTier.open(
-                    self.ledger, self.arena, path=dt.path, capacity_bytes=dt.capacity_bytes,
-                    write_policy=dt.write_policy, admit_after_hits=dt.admit_after_hits,
-                    owner_id=dt.owner_id)
-            except BaseException:
-                self.arena.close()
-                raise
-            self.metrics.attach_disk(self.disk)
+        self.metrics.attach_stack(self.stack)
         opts = [("grpc.max_send_message_length", config.server.max_message_bytes),
                 ("grpc.max_receive_message_length", config.server.max_message_bytes),
                 ("grpc.so_reuseport", 0)]
@@ -126,7 +123,7 @@ class Daemon:
         self.server = grpc.aio.server(options=opts, interceptors=interceptors)
         self.servicer = KVKeeperServicer(
             self.ledger, self.arena, self.metrics, version=package_version(), started_at=self.started_at,
-            max_message_bytes=config.server.max_message_bytes, disk=self.disk)
+            max_message_bytes=config.server.max_message_bytes, stack=self.stack)
         if self.auth is not None:
             self.servicer.authorize_namespace = self.auth.check_namespace
         add_guarded(kvkeeper_pb2_grpc.add_KVKeeperServicer_to_server, self.servicer, self.server,
@@ -134,15 +131,14 @@ class Daemon:
         services = [SERVICE_NAME]
         self.admin: Optional[AdminServicer] = None
         if config.admin.enabled:
-            self.admin = AdminServicer(self.ledger, self.servicer, self.disk)
+            self.admin = AdminServicer(self.ledger, self.servicer, self.stack)
             add_guarded(admin_pb2_grpc.add_KVKeeperAdminServicer_to_server, self.admin, self.server)
             services.append(ADMIN_SERVICE_NAME)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (*services, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server)
-        self.watch = CounterWatch(self.ledger, self.disk,
-                                  storm_blocks=config.server.eviction_storm_blocks)
+        self.watch = CounterWatch(self.stack, storm_blocks=config.server.eviction_storm_blocks)
         self.port = 0
         self.socket_path: Optional[str] = None
         self._metrics_http: Any = None
@@ -150,6 +146,11 @@ class Daemon:
         self._gc_ticker: Optional[asyncio.Task[None]] = None
         self._stopped = False
         self.gc = GcPolicy(config.server.gc_freeze_interval_seconds)
+
+    @property
+    def disk(self) -> Optional[DiskTier]:
+        """The disk tier when one is configured (tests and tools reach its store here)."""
+        return self.stack.tier(DiskTier.name)  # type: ignore[return-value]
 
     def bind(self) -> int:
         lc = self.config.listen
@@ -199,9 +200,7 @@ class Daemon:
         while True:
             await asyncio.sleep(REAP_INTERVAL_S)
             try:
-                if self.disk is not None:
-                    self.disk.keep_alive()
-                    await self.disk.maintain()
+                await self.stack.maintain()
                 report = self.ledger.expire(time.monotonic())
                 self.watch.tick(time.monotonic())
             except Exception:  # noqa: BLE001 - the reaper must outlive a bug report
@@ -279,9 +278,8 @@ class Daemon:
         await self.server.stop(grace)
         # No request comes any more: hand the heap back to CPython's own GC.
         self.gc.release()
-        if self.disk is not None:
-            # Write-back: everything acknowledged reaches the disk before the arena goes.
-            await self.disk.close()
+        # Write-back: everything acknowledged reaches the tiers below before the arena goes.
+        await self.stack.close()
         # In-flight RPCs are done: nobody holds a view into the arena any more.
         self.arena.close()
         if self.socket_path and os.path.lexists(self.socket_path):
@@ -292,6 +290,16 @@ class Daemon:
 
     async def wait_for_termination(self) -> None:
         await self.server.wait_for_termination()
+
+
+def _lower_tiers(config: Config, ledger: Ledger) -> list[LowerTier]:
+    """The tiers below the arena that the configuration names, in lookup order."""
+    dt = config.disk_tier
+    if not dt.path:
+        return []
+    return [DiskTier.open(ledger, path=dt.path, capacity_bytes=dt.capacity_bytes,
+                          write_policy=dt.write_policy, admit_after_hits=dt.admit_after_hits,
+                          owner_id=dt.owner_id)]
 
 
 def create_server(config: Config) -> tuple[Daemon, int]:

@@ -16,5 +16,6 @@ GPU = TierName("gpu")
 
 # In-process callers that name nobody (tests, benchmarks); no RPC is ever LOCAL.
 LOCAL = Identity("local")
-# The daemon's own sessions (disk-tier flushes and promotions); no caller can be it.
+# The owner of the ledger's internal holder (the tier stack's flushes and promotions);
+# no caller can be it.
 INTERNAL = Identity("internal")

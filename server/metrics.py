@@ -30,6 +30,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from kvkeeper.client.url import parse_host_port
 
+from .ledger import EVICTION_REASONS
+from .ledger.views import tier_stats
 from .version import package_version
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,9 +62,6 @@ GRPC_CODES: frozenset[str] = frozenset(RPC_ERROR_CODES) | {
     "OK", "UNKNOWN", "ALREADY_EXISTS", "PERMISSION_DENIED", "ABORTED", "UNIMPLEMENTED",
     "DATA_LOSS",
 }
-EVICTION_REASONS: tuple[str, ...] = (
-    "capacity", "admin", "discarded", "aborted", "reservation_timeout", "demoted", "corrupt", "lost",
-)
 DIRECTIONS: tuple[str, ...] = ("save", "load")
 TRANSPORTS: tuple[str, ...] = ("shm", "stream")
 BLOCK_STATES: tuple[str, ...] = ("committed", "pending")
@@ -80,11 +79,10 @@ class LedgerCollector:
 
     def __init__(self, ledger: "Ledger", started_at: float, version: str) -> None:
         self._ledger = ledger
-        # ledger.tiers never changes after construction; capture (name, Tier) once.
-        self._tiers = [(str(name), tier) for name, tier in list(ledger.tiers.items())]
         self._started_at = float(started_at)
         self._version = version
-        self.disk: Any = None  # a DiskTier once attached; read like the ledger
+        # The tier stack once attached: its tiers' books and their own counters.
+        self.stack: Any = None
 
     # -- families, empty; describe() returns them so the registry can detect clashes
     def _families(self) -> dict[str, Metric]:
@@ -110,7 +108,10 @@ class LedgerCollector:
               "(TP rank 0 only).", labels=tier),
             c(p + "saved_blocks", "Blocks committed by CommitSave.", labels=tier),
             c(p + "saved_bytes", "Bytes of blocks committed by CommitSave.", labels=tier),
-            c(p + "evictions", "Blocks dropped from a tier, by reason.", labels=tr),
+            c(p + "evictions", "Blocks dropped from a tier, by reason: evicted for room "
+              "(capacity; demoted: a lower tier keeps a copy), removed on request (admin, "
+              "discarded), never committed (aborted, reservation_timeout), or found damaged "
+              "or gone (corrupt, lost).", labels=tr),
             g(p + "tier_capacity_bytes", "Capacity of the tier.", labels=tier),
             g(p + "tier_used_bytes", "Bytes of the tier's pages held by blocks.", labels=tier),
             g(p + "tier_pinned_bytes",
@@ -128,15 +129,6 @@ class LedgerCollector:
             g(p + "namespaces", "Namespaces known to the ledger."),
             c(p + "sessions_expired", "Sessions dropped for a missed heartbeat."),
             c(p + "reservations_timed_out", "Save reservations dropped uncommitted after their timeout."),
-            c(p + "disk_read_bytes", "Bytes read from the disk tier's files."),
-            c(p + "disk_written_bytes", "Bytes written to the disk tier's files."),
-            c(p + "disk_io_errors", "Failed disk tier file operations."),
-            c(p + "disk_checksum_failures", "Disk blocks that failed their checksum (never served)."),
-            c(p + "disk_quarantined_blocks", "Disk block files moved to quarantine."),
-            c(p + "disk_gc_runs", "Garbage-collection runs of the disk tier."),
-            c(p + "disk_flush_failures", "Blocks that could not be written to the disk tier."),
-            g(p + "disk_recovery_seconds", "Time the disk tier took to rebuild its index at start-up."),
-            g(p + "disk_recovered_blocks", "Blocks found on disk at start-up."),
         ]
         return {f.name: f for f in fams}
 
@@ -168,60 +160,36 @@ class LedgerCollector:
         fam("leases").add_metric([], len(L.leases))
         fam("reservations").add_metric([], len(L.reservations))
         fam("namespaces").add_metric([], len(L.namespaces))
-        for name, t in self._tiers:
-            pb = t.page_bytes
-            cap = t.capacity_pages
-            used = t.used_pages
-            evictable = t.evictable_pages
-            # Read once; the two may straddle a ledger call, so clamp.
-            pinned = max(0, used - evictable)
-            blocks, pending = t.blocks, t.pending_blocks
+        stack = self.stack
+        for t in (stack.tier_stats() if stack is not None else tier_stats(L)):
+            name = str(t.name)
             fam("hit_blocks").add_metric([name], t.hit_blocks)
             fam("hit_tokens").add_metric([name], t.hit_tokens)
-            fam("saved_blocks").add_metric([name], t.committed_blocks)
-            fam("saved_bytes").add_metric([name], t.committed_bytes)
-            ev = t.evictions
+            fam("saved_blocks").add_metric([name], t.saved_blocks)
+            fam("saved_bytes").add_metric([name], t.saved_bytes)
             for reason in EVICTION_REASONS:
-                fam("evictions").add_metric([name, reason], ev.get(reason, 0))
-            fam("tier_capacity_bytes").add_metric([name], cap * pb)
-            fam("tier_used_bytes").add_metric([name], used * pb)
-            fam("tier_pinned_bytes").add_metric([name], pinned * pb)
-            fam("tier_evictable_bytes").add_metric([name], evictable * pb)
-            fam("tier_page_size_bytes").add_metric([name], pb)
-            fam("tier_capacity_pages").add_metric([name], cap)
-            fam("tier_used_pages").add_metric([name], used)
-            fam("tier_blocks").add_metric([name, "committed"], max(0, blocks - pending))
-            fam("tier_blocks").add_metric([name, "pending"], pending)
-        disk = self.disk
-        if disk is not None:
-            self._collect_disk(fam, disk)
-        return iter(f.values())
-
-    @staticmethod
-    def _collect_disk(fam: Any, disk: Any) -> None:
-        idx, st = disk.index, disk.store
-        name = "disk"
-        used, evictable = idx.used_bytes, idx.evictable_bytes
-        fam("hit_blocks").add_metric([name], idx.hit_blocks)
-        fam("hit_tokens").add_metric([name], disk.ledger.usage.lower_hit_tokens)
-        fam("saved_blocks").add_metric([name], idx.written_blocks)
-        fam("saved_bytes").add_metric([name], idx.written_bytes)
-        ev = idx.evictions
-        for reason in EVICTION_REASONS:
-            fam("evictions").add_metric([name, reason], ev.get(reason, 0))
-        fam("tier_capacity_bytes").add_metric([name], idx.capacity_bytes)
-        fam("tier_used_bytes").add_metric([name], used)
-        fam("tier_pinned_bytes").add_metric([name], max(0, used - evictable))
-        fam("tier_evictable_bytes").add_metric([name], evictable)
-        fam("disk_read_bytes").add_metric([], st.bytes_read)
-        fam("disk_written_bytes").add_metric([], st.bytes_written)
-        fam("disk_io_errors").add_metric([], st.io_errors)
-        fam("disk_checksum_failures").add_metric([], st.checksum_failures)
-        fam("disk_quarantined_blocks").add_metric([], st.quarantined)
-        fam("disk_gc_runs").add_metric([], st.gc_runs)
-        fam("disk_flush_failures").add_metric([], disk.flush_failures)
-        fam("disk_recovery_seconds").add_metric([], disk.recovery.seconds)
-        fam("disk_recovered_blocks").add_metric([], disk.recovery.blocks)
+                fam("evictions").add_metric([name, reason], t.evictions[reason])
+            fam("tier_capacity_bytes").add_metric([name], t.capacity_bytes)
+            fam("tier_used_bytes").add_metric([name], t.used_bytes)
+            fam("tier_pinned_bytes").add_metric([name], t.pinned_bytes)
+            fam("tier_evictable_bytes").add_metric([name], t.evictable_bytes)
+            if t.page_bytes:
+                # Pages and block states are what page tiers keep; byte tiers have neither.
+                fam("tier_page_size_bytes").add_metric([name], t.page_bytes)
+                fam("tier_capacity_pages").add_metric([name], t.capacity_pages)
+                fam("tier_used_pages").add_metric([name], t.used_pages)
+                fam("tier_blocks").add_metric([name, "committed"],
+                                              max(0, t.blocks - t.pending_blocks))
+                fam("tier_blocks").add_metric([name, "pending"], t.pending_blocks)
+        out = list(f.values())
+        if stack is not None:
+            # The tiers' own series (disk I/O, recovery ...), declared by each tier.
+            for tc in stack.counters():
+                kind = CounterMetricFamily if tc.kind == "counter" else GaugeMetricFamily
+                family = kind(p + tc.name, tc.help)
+                family.add_metric([], tc.value)
+                out.append(family)
+        return iter(out)
 
 
 class _HttpExporter:
@@ -309,11 +277,11 @@ class Metrics:
         self.registry.register(collector)
         self._collector = collector
 
-    def attach_disk(self, disk: Any) -> None:
-        """Also serve the disk tier's state (kvkeeper.server.tiers.disk_tier.DiskTier)."""
+    def attach_stack(self, stack: Any) -> None:
+        """Also serve the tiers below the arena (kvkeeper.server.tiers.stack.TierStack)."""
         if self._collector is None:
             raise RuntimeError("attach a ledger first")
-        self._collector.disk = disk
+        self._collector.stack = stack
 
     def detach_ledger(self) -> None:
         if self._collector is not None:

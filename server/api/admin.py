@@ -1,8 +1,8 @@
 """The admin servicer (kvkeeper.v1.KVKeeperAdmin): a thin adapter for operators.
 
-Reads the ledger and the disk index, and calls what already exists for each
-action: Ledger.reclaim_unpinned (Evict), DiskTier.drain (Drain),
-DiskStore.verify_all in a worker thread (Verify). Errors become status codes
+Reads the ledger's books through the tier stack, and calls what already
+exists for each action: Ledger.reclaim_unpinned (Evict), TierStack.drain
+(Drain), a tier's verify_all in a worker thread (Verify). Errors become status codes
 in api.status only. Every action that changes something is logged once,
 with namespace ids and counts (never keys).
 """
@@ -13,17 +13,17 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from typing import Any, AsyncIterator, Callable, Optional
+from typing import Any, AsyncIterator, Optional
 
 from kvkeeper.v1 import admin_pb2 as apb
 from kvkeeper.v1 import admin_pb2_grpc as apb_grpc
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 from ..errors import FailedPrecondition, InvalidArgument, NotFound
-from ..ids import DISK, NamespaceId
-from ..ledger import Ledger
+from ..ids import NamespaceId
+from ..ledger import Holding, Ledger
 from ..ledger.quota import quota_for
-from ..tiers.disk_tier import INTERNAL_INSTANCE
+from ..tiers.stack import TierStack
 from .convert import tier_to_pb
 from .handler import rpc, rpc_stream
 
@@ -35,19 +35,22 @@ PROGRESS_STEPS = 100
 SALT_SET = "(set)"
 
 
+def _add_holdings(info: Any, holdings: list[Holding]) -> None:
+    for h in holdings:
+        info.tiers.add(tier=tier_to_pb(h.tier), blocks=h.blocks, bytes=h.bytes)
+
+
 class _VerifyCancelled(Exception):
     """Raised inside verify_all's thread once the caller has gone away."""
 
 
 class AdminServicer(apb_grpc.KVKeeperAdminServicer):
-    def __init__(self, ledger: Ledger, data: Any, disk: Any = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, ledger: Ledger, data: Any, stack: TierStack) -> None:
         """`data` is the KVKeeperServicer: its `serving` and `accepting_saves`
         flags, and its metrics, where admin calls are counted too."""
         self.ledger = ledger
         self.data = data
-        self.disk = disk
-        self.clock = clock
+        self.stack = stack
         self._verifying = False
 
     @property
@@ -72,14 +75,8 @@ class AdminServicer(apb_grpc.KVKeeperAdminServicer):
         L = self.ledger
         sessions: dict[bytes, int] = defaultdict(int)
         for s in L.sessions.values():
-            if s.instance_id != INTERNAL_INSTANCE:
-                sessions[s.ns.id] += 1
-        on_disk: dict[bytes, list[int]] = defaultdict(lambda: [0, 0])
-        if self.disk is not None:
-            for e in self.disk.index:
-                counts = on_disk[e.where[0]]
-                counts[0] += 1
-                counts[1] += e.nbytes
+            sessions[s.ns.id] += 1
+        held = self.stack.holdings()
         resp = apb.ListNamespacesResponse()
         for ns in sorted(L.namespaces.values(), key=lambda n: (n.descriptor.model_id, n.id)):
             d = ns.descriptor
@@ -91,19 +88,13 @@ class AdminServicer(apb_grpc.KVKeeperAdminServicer):
                 tp_rank=d.tp_rank, tp_size=d.tp_size, lora_tag=d.lora_tag,
                 # A salt keeps one tenant's prefixes from another's: say only that it is set.
                 cache_salt=SALT_SET if d.cache_salt else ""))
-            info.tiers.add(tier=tier_to_pb(L.top.name), blocks=len(ns.blocks),
-                           bytes=ns.used_pages * L.top.page_bytes)
-            if self.disk is not None:
-                blocks, nbytes = on_disk.pop(ns.id, (0, 0))
-                info.tiers.add(tier=pb.TIER_DISK, blocks=blocks, bytes=nbytes)
+            _add_holdings(info, held.pop(ns.id))
             quota = quota_for(L.quotas, d.model_id)
             if quota is not None:
                 info.quota_bytes = quota
-        # Namespaces the disk tier holds that no session has named since start-up.
-        for ns_id in sorted(on_disk):
-            blocks, nbytes = on_disk[ns_id]
-            info = resp.namespaces.add(namespace_id=ns_id, registered=False)
-            info.tiers.add(tier=pb.TIER_DISK, blocks=blocks, bytes=nbytes)
+        # Namespaces lower tiers hold that no session has named since start-up.
+        for ns_id in sorted(held):
+            _add_holdings(resp.namespaces.add(namespace_id=ns_id, registered=False), held[ns_id])
         return resp
 
     @rpc
@@ -115,18 +106,12 @@ class AdminServicer(apb_grpc.KVKeeperAdminServicer):
             raise InvalidArgument(f"a key has {kb} bytes ({2 * kb} hex digits), got {len(request.key)}")
         key = bytes(request.key)
         resp = apb.InspectBlockResponse()
+        for c in self.stack.copies(ns_id, key):
+            resp.copies.add(tier=tier_to_pb(c.tier), state=c.state, refs=c.refs, hits=c.hits,
+                            idle_seconds=c.idle_seconds, bytes=c.bytes)
         b = self.ledger.block(ns_id, key)
-        if b is not None:
-            resp.copies.add(tier=tier_to_pb(b.tier.name), state=b.state.value, refs=b.refs,
-                            hits=b.hits, idle_seconds=max(0.0, self.clock() - b.last_used),
-                            bytes=b.ns.block_bytes)
-            if b.checksum is not None:
-                resp.checksum_algo, resp.checksum = b.checksum
-        if self.disk is not None:
-            e = self.disk.index.entries.get((ns_id, key))
-            if e is not None:
-                resp.copies.add(tier=tier_to_pb(DISK), state=e.state, refs=e.pins, hits=0,
-                                idle_seconds=-1.0, bytes=e.nbytes)
+        if b is not None and b.checksum is not None:
+            resp.checksum_algo, resp.checksum = b.checksum
         if not resp.copies:
             raise NotFound(f"no tier holds that block of namespace {ns_id.hex()}; "
                            "`kvkeeper ls` lists the namespaces")
@@ -159,21 +144,20 @@ class AdminServicer(apb_grpc.KVKeeperAdminServicer):
         if self.data.accepting_saves:
             self.data.accepting_saves = False
             log.info("admin drain: saves are refused from now on", extra={"event": "admin_drain"})
-        if self.disk is not None:
-            await self.disk.drain()
-        open_reservations = sum(1 for r in self.ledger.reservations.values()
-                                if r.session.instance_id != INTERNAL_INSTANCE)
+        await self.stack.drain()
+        open_reservations = self.ledger.open_reservations()
         seconds = time.perf_counter() - t0
         log.info("admin drain: write-back flushed in %.3fs; %d reservations still open",
                  seconds, open_reservations,
                  extra={"event": "admin_drained", "open_reservations": open_reservations})
-        return apb.DrainResponse(disk_tier=self.disk is not None,
+        return apb.DrainResponse(disk_tier=bool(self.stack.lower),
                                  open_reservations=open_reservations, seconds=seconds)
 
     @rpc_stream
     async def Verify(self, request: apb.VerifyRequest,
                      context: Any) -> AsyncIterator[apb.VerifyProgress]:
-        if self.disk is None:
+        tier = self.stack.verifiable()
+        if tier is None:
             raise FailedPrecondition("there is no disk tier (disk_tier.path is empty); "
                                      "nothing to verify")
         if self._verifying:
@@ -182,8 +166,7 @@ class AdminServicer(apb_grpc.KVKeeperAdminServicer):
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Optional[tuple[int, int]]] = asyncio.Queue()
         gone = threading.Event()
-        store = self.disk.store
-        quarantined_before = store.quarantined
+        quarantined_before = tier.quarantined
 
         def progress(done: int, total: int) -> None:  # runs in the worker thread
             if gone.is_set():
@@ -192,7 +175,7 @@ class AdminServicer(apb_grpc.KVKeeperAdminServicer):
                 loop.call_soon_threadsafe(queue.put_nowait, (done, total))
 
         log.info("admin verify: started", extra={"event": "admin_verify"})
-        work = loop.run_in_executor(None, store.verify_all, progress)
+        work = loop.run_in_executor(None, tier.verify_all, progress)
         work.add_done_callback(lambda _: queue.put_nowait(None))
         try:
             while (item := await queue.get()) is not None:
@@ -204,7 +187,7 @@ class AdminServicer(apb_grpc.KVKeeperAdminServicer):
             self._verifying = False
             if not work.done():
                 work.add_done_callback(lambda f: f.cancelled() or f.exception())
-        quarantined = store.quarantined - quarantined_before
+        quarantined = tier.quarantined - quarantined_before
         total = report.checked + report.corrupt + report.missing
         level = logging.WARNING if report.corrupt else logging.INFO
         log.log(level, "admin verify: %d blocks checked, %d bad, %d missing, %d quarantined "

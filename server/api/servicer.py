@@ -1,8 +1,10 @@
-"""The gRPC servicer: a thin asyncio adapter over the sans-I/O ledger.
+"""The gRPC servicer: a thin asyncio adapter over the sans-I/O ledger and the tier stack.
 
 Every handler reads the clock once, calls the ledger synchronously (no await
 between a check and the mutation it guards, so no other RPC can interleave)
-and converts the result. Errors become status codes in api.status only.
+and converts the result. Match and CommitSave go through the tier stack,
+which moves blocks between the tiers (tiers/stack.py); the servicer never
+asks which tiers exist. Errors become status codes in api.status only.
 """
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 
 from ..errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
 from ..ids import LeaseId, SessionId
-from ..ledger import Block, Lease, Ledger
+from ..ledger import Block, Lease, Ledger, TierStats
 from ..ledger.sessions import tag
+from ..tiers.stack import TierStack
 from ..quoting import clip
 from ..security import identity
 from .convert import SLOT_TO_PB, descriptor_from_pb, report_from_pb, tier_to_pb
@@ -42,10 +45,10 @@ BULK_CODECS = {"LoadStream": {"response_serializer": frame_or_message},
 
 class KVKeeperServicer(pb_grpc.KVKeeperServicer):
     def __init__(self, ledger: Ledger, arena: Any, metrics: Any, *, version: str,
-                 started_at: float, max_message_bytes: int, disk: Any = None,
+                 started_at: float, max_message_bytes: int, stack: TierStack,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.ledger = ledger
-        self.disk = disk
+        self.stack = stack
         self.arena = arena
         self.metrics = metrics
         self.version = version
@@ -100,12 +103,8 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
     async def Match(self, request: pb.MatchRequest, context: Any) -> pb.MatchResponse:
         sid = SessionId(request.session_id)
         owner = identity.of(context)
-        if self.disk is not None:
-            r = await self.disk.match(sid, request.keys, lease=request.lease,
-                                      report_use=request.report_use, owner=owner)
-        else:
-            r = self.ledger.match(sid, request.keys, lease=request.lease, now=self.clock(),
-                                  report_use=request.report_use, owner=owner)
+        r = await self.stack.match(sid, request.keys, lease=request.lease,
+                                   report_use=request.report_use, owner=owner)
         tiers = r.tiers
         if tiers and tiers.count(tiers[0]) == len(tiers):
             pb_tiers = [tier_to_pb(tiers[0])] * len(tiers)
@@ -113,8 +112,8 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             pb_tiers = [tier_to_pb(t) for t in tiers]
         resp = pb.MatchResponse(matched=r.matched, tiers=pb_tiers, lease_id=r.lease_id or 0)
         if request.blocks and r.lease_id:
-            # No await since the lease was granted (the disk tier promotes into
-            # the arena before it), so its blocks are arena blocks, still pinned.
+            # No await since the lease was granted (the stack promotes into the
+            # arena before it), so its blocks are arena blocks, still pinned.
             # Taken from the table, not ledger.lease(): nothing may fail once a
             # lease exists that the client would never hear of.
             lease = self.ledger.leases[r.lease_id]
@@ -270,9 +269,9 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
                                        checksums=request.checksums, owner=owner)
         if shm:
             self.metrics.observe_transfer("save", "shm", nbytes, now - reserved_at)
-        if self.disk is not None and blocks:
-            # Write-through answers only once the blocks are on disk.
-            await self.disk.committed(res.session.ns, [b.key for b in blocks])
+        if blocks:
+            # Write-through answers only once the blocks are in the tiers below.
+            await self.stack.committed(res.session.ns, [b.key for b in blocks])
         return pb.CommitSaveResponse(committed=committed)
 
     @rpc
@@ -286,29 +285,22 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
     async def Stats(self, request: pb.StatsRequest, context: Any) -> pb.StatsResponse:
         L = self.ledger
         u = L.usage
-        tiers = []
-        for t in L.tiers.values():
-            pb_ = t.page_bytes
-            tiers.append(pb.TierStats(
-                tier=tier_to_pb(t.name), capacity_bytes=t.capacity_pages * pb_,
-                used_bytes=t.used_pages * pb_, pinned_bytes=t.pinned_pages * pb_,
-                evictable_bytes=t.evictable_pages * pb_, capacity_pages=t.capacity_pages,
-                used_pages=t.used_pages, blocks=t.blocks, pending_blocks=t.pending_blocks,
-                evictions=sum(t.evictions.values()), hit_blocks=t.hit_blocks))
-        if self.disk is not None:
-            idx = self.disk.index
-            tiers.append(pb.TierStats(
-                tier=pb.TIER_DISK, capacity_bytes=idx.capacity_bytes, used_bytes=idx.used_bytes,
-                pinned_bytes=max(0, idx.used_bytes - idx.evictable_bytes),
-                evictable_bytes=idx.evictable_bytes, blocks=len(idx),
-                evictions=sum(idx.evictions.values()), hit_blocks=idx.hit_blocks))
+        tiers = self.stack.tier_stats()
         return pb.StatsResponse(
-            version=self.version, uptime_seconds=time.monotonic() - self.started_at, tiers=tiers,
+            version=self.version, uptime_seconds=time.monotonic() - self.started_at,
+            tiers=[_tier_stats_pb(t) for t in tiers],
             sessions=len(L.sessions), leases=len(L.leases), reservations=len(L.reservations),
             namespaces=len(L.namespaces), lookups=L.lookups, lookup_keys=L.lookup_keys,
-            hit_blocks=sum(t.hit_blocks for t in L.tiers.values())
-            + (self.disk.index.hit_blocks if self.disk is not None else 0),
-            eviction_policy=L.config.policy,
-            hit_tokens=sum(t.hit_tokens for t in L.tiers.values()) + u.lower_hit_tokens,
+            hit_blocks=sum(t.hit_blocks for t in tiers), eviction_policy=L.config.policy,
+            hit_tokens=sum(t.hit_tokens for t in tiers),
             lookup_blocks=u.lookup_blocks, lookup_tokens=u.lookup_tokens,
             prompt_blocks=u.prompt_blocks, prompt_tokens=u.prompt_tokens)
+
+
+def _tier_stats_pb(t: TierStats) -> pb.TierStats:
+    return pb.TierStats(
+        tier=tier_to_pb(t.name), capacity_bytes=t.capacity_bytes, used_bytes=t.used_bytes,
+        pinned_bytes=t.pinned_bytes, evictable_bytes=t.evictable_bytes,
+        capacity_pages=t.capacity_pages, used_pages=t.used_pages, blocks=t.blocks,
+        pending_blocks=t.pending_blocks, evictions=sum(t.evictions.values()),
+        hit_blocks=t.hit_blocks)

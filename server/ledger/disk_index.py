@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Iterator, Optional
 
 from ..errors import InvariantViolation, ResourceExhausted
-from .freelist import FreeList
+from .policy import make_policy
+from .room import make_room
 from .states import DiskEvent, DiskState, next_disk_state
 
 # The states importers compare with (admin, tests); str-valued, see DiskState.
@@ -30,13 +31,14 @@ Where = tuple[bytes, bytes]  # (namespace digest, key)
 
 
 class DiskEntry:
-    __slots__ = ("where", "nbytes", "state", "pins", "prev", "next")
+    __slots__ = ("where", "nbytes", "state", "pins", "hits", "prev", "next")
 
     def __init__(self, where: Where, nbytes: int) -> None:
         self.where = where
         self.nbytes = nbytes
         self.state = DiskState.ABSENT
         self.pins = 0
+        self.hits = 0   # what the hits-lru policy orders by
         self.prev: Optional[DiskEntry] = None
         self.next: Optional[DiskEntry] = None
 
@@ -51,12 +53,12 @@ class Reservation:
 
 
 class DiskIndex:
-    def __init__(self, capacity_bytes: int) -> None:
+    def __init__(self, capacity_bytes: int, policy: str = "lru") -> None:
         if capacity_bytes <= 0:
             raise ValueError("the disk tier needs a positive capacity")
         self.capacity_bytes = capacity_bytes
         self.entries: dict[Where, DiskEntry] = {}
-        self._lru = FreeList()
+        self._policy = make_policy(policy)
         self.used_bytes = 0
         self.evictable_bytes = 0
         # Monotonic counters, read by the metrics collector.
@@ -74,7 +76,7 @@ class DiskIndex:
         return e if e is not None and e.state is DiskState.STORED else None
 
     def reserve(self, ns: bytes, key: bytes, nbytes: int) -> Optional[Reservation]:
-        """Take `nbytes` for a new copy, evicting LRU unpinned entries if needed.
+        """Take `nbytes` for a new copy, evicting unpinned entries if needed.
 
         None when a copy exists or is being written already. ResourceExhausted,
         with nothing changed, when even evicting every unpinned entry would not
@@ -90,12 +92,13 @@ class DiskIndex:
                 f"{self.evictable_bytes} B evictable of {self.capacity_bytes} B); "
                 "raise disk_tier.capacity_bytes or free space")
         evicted: list[Where] = []
-        while self.capacity_bytes - self.used_bytes < nbytes:
-            victim = self._lru.popleft()
-            if victim is None:
-                raise InvariantViolation(f"disk tier: evictable_bytes={self.evictable_bytes} but no victim")
+
+        def evict(victim: DiskEntry) -> int:
             self._evict(victim, "capacity")
             evicted.append(victim.where)
+            return victim.nbytes
+
+        make_room(self._policy, free, nbytes, evict, "disk tier")
         entry = DiskEntry(where, nbytes)
         self._apply(entry, DiskEvent.RESERVE)
         self.entries[where] = entry
@@ -146,8 +149,9 @@ class DiskIndex:
         change: an entry that is not stored (any more) only counts the hit."""
         self.hit_blocks += 1
         if entry.pins == 0 and entry.state is DiskState.STORED:
-            self._unlink(entry)
-            self._link(entry)
+            self._policy.hit(entry)
+        else:
+            entry.hits += 1
 
     def drop(self, entry: DiskEntry, reason: str) -> None:
         """Forget a stored copy whose file is gone or corrupt (pins or not).
@@ -163,7 +167,7 @@ class DiskIndex:
     def evict_unpinned(self, reason: str = "admin") -> list[Where]:
         out = []
         while True:
-            victim = self._lru.popleft()
+            victim = self._policy.pop()
             if victim is None:
                 return out
             self._evict(victim, reason)
@@ -174,7 +178,7 @@ class DiskIndex:
 
     def eviction_order(self) -> list[DiskEntry]:
         """The unpinned stored entries, the next victim first."""
-        return list(self._lru)
+        return list(self._policy)
 
     # ------------------------------------------------------------ internals
     def _apply(self, entry: DiskEntry, event: DiskEvent) -> None:
@@ -183,17 +187,17 @@ class DiskIndex:
         entry.state = next_disk_state(entry, entry.state, event, entry.pins)
 
     def _evict(self, victim: DiskEntry, reason: str) -> None:
-        """Remove an entry just taken off the LRU list."""
+        """Remove an entry just taken off the policy's list."""
         self._apply(victim, DiskEvent.EVICT)
         self.evictable_bytes -= victim.nbytes
         self._remove(victim, reason)
 
     def _link(self, entry: DiskEntry) -> None:
-        self._lru.append(entry)
+        self._policy.add(entry)
         self.evictable_bytes += entry.nbytes
 
     def _unlink(self, entry: DiskEntry) -> None:
-        self._lru.remove(entry)
+        self._policy.remove(entry)
         self.evictable_bytes -= entry.nbytes
 
     def _remove(self, entry: DiskEntry, reason: str) -> None:
@@ -215,6 +219,6 @@ class DiskIndex:
         linked = self.eviction_order()
         expect = [e for e in self.entries.values() if e.state is DiskState.STORED and e.pins == 0]
         if {id(e) for e in linked} != {id(e) for e in expect} or len(linked) != len(expect):
-            raise InvariantViolation("disk: LRU list differs from the unpinned stored entries")
+            raise InvariantViolation("disk: the policy differs from the unpinned stored entries")
         if sum(e.nbytes for e in linked) != self.evictable_bytes:
-            raise InvariantViolation("disk: evictable bytes disagree with the LRU list")
+            raise InvariantViolation("disk: evictable bytes disagree with the policy")

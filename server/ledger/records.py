@@ -1,13 +1,16 @@
-"""The ledger's records: namespaces, blocks, sessions, leases, reservations."""
+"""The ledger's records: namespaces, blocks, sessions, the daemon's own holder,
+leases, reservations."""
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from ..errors import InvalidArgument
-from ..ids import LOCAL, BlockKey, Identity, LeaseId, NamespaceId, ReservationId, SessionId
+from ..ids import (INTERNAL, LOCAL, BlockKey, Identity, LeaseId, NamespaceId, ReservationId,
+                   SessionId, TierName)
 from .pages import Pages
 from .states import BlockState
 
@@ -110,17 +113,35 @@ class Session:
 
 
 @dataclass(eq=False)
+class Internal:
+    """The daemon's own holder of leases and reservations: the pins of a
+    flush to a lower tier, the reservation a promotion from one fills. No
+    session: it never expires, has no namespace of its own, and no caller
+    can name it (its owner INTERNAL is no identity an RPC has)."""
+
+    id: SessionId = SessionId("internal")
+    owner: Identity = INTERNAL
+    expires_at: float = math.inf
+    leases: set[LeaseId] = field(default_factory=set)
+    reservations: set[ReservationId] = field(default_factory=set)
+
+
+# Who holds a lease or a reservation.
+Holder = Union[Session, Internal]
+
+
+@dataclass(eq=False)
 class Lease:
     id: LeaseId
-    session: Session
+    session: Holder
     blocks: list[Block]
     # With report_use the Match counted no hit: the Release's report does.
     report_use: bool = False
     # Position in the Match's keys of blocks[0] (a lease narrowed by a
     # Release with keep_blocks no longer starts at the first key).
     first: int = 0
-    # Match positions a lower tier served (and counted as its hits).
-    lower: frozenset[int] = frozenset()
+    # Match positions a lower tier served, and which: their hits are that tier's.
+    below: dict[int, TierName] = field(default_factory=dict)
     # The servicer handed out the blocks' shared-memory refs: a reported load
     # counts its bytes as a shm load.
     refs_out: bool = False
@@ -129,7 +150,8 @@ class Lease:
 @dataclass(eq=False)
 class Reservation:
     id: ReservationId
-    session: Session
+    session: Holder
+    ns: Namespace
     # One entry per requested key: the reserved block, or None when skipped.
     entries: list[Optional[Block]]
     expires_at: float

@@ -20,10 +20,12 @@ token) counts the block's tokens all the same; vLLM's
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
-from typing import Collection, Sequence
+from typing import Mapping, Sequence
 
 from ..errors import InvalidArgument
+from ..ids import TierName
 from .records import Block, Namespace
 from .tier import Tier
 
@@ -69,8 +71,8 @@ class Usage:
         self.prompt_blocks = 0   # full blocks of the prompts clients reported
         self.prompt_tokens = 0
         self.reports = 0
-        # Tokens of hits a lower tier served (the disk tier counts their blocks).
-        self.lower_hit_tokens = 0
+        # Tokens of the hits each lower tier served (its book counts their blocks).
+        self.lower_hit_tokens: Counter[TierName] = Counter()
 
     def asked(self, ns: Namespace, blocks: int) -> None:
         self.lookup_blocks += blocks
@@ -85,20 +87,22 @@ class Usage:
         self.asked(ns, report.prompt_blocks - report.local_blocks)
 
     def hits(self, ns: Namespace, hit: Sequence[Block], top: Tier, single_tier: bool,
-             counted_elsewhere: Collection[int] = (), first: int = 0) -> None:
+             below: Mapping[int, TierName] = {}, first: int = 0) -> None:
         """Count `hit` (blocks at lookup positions first, first+1, ...) as hits of
-        their tiers; the blocks at positions in counted_elsewhere were counted
-        by a lower tier when it served them, their tokens here."""
+        their tiers; the blocks at positions in `below` were served by the lower
+        tier named there, whose book counted the block when it served it: their
+        tokens count here, as that tier's."""
         if not hit:
             return
         tokens = ns.block_tokens if counts_tokens(ns) else 0
-        if single_tier and not counted_elsewhere:
+        if single_tier and not below:
             top.hit_blocks += len(hit)
             top.hit_tokens += len(hit) * tokens
             return
         for i, b in enumerate(hit, start=first):
-            if i in counted_elsewhere:
-                self.lower_hit_tokens += tokens
+            tier = below.get(i)
+            if tier is not None:
+                self.lower_hit_tokens[tier] += tokens
             else:
                 b.tier.hit_blocks += 1
                 b.tier.hit_tokens += tokens

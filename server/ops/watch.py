@@ -10,6 +10,8 @@ import logging
 from collections import deque
 from typing import Any, Optional
 
+from .ledger import ROOM_REASONS
+
 log = logging.getLogger("kvkeeper.watch")
 
 STORM_WINDOW_S = 10.0
@@ -70,18 +72,17 @@ class Increases:
 
 
 class CounterWatch:
-    def __init__(self, ledger: Any, disk: Any = None, *, storm_blocks: int) -> None:
-        self.ledger = ledger
-        self.disk = disk
+    """`stack`: the tier stack (tiers/stack.py), read for every tier's book and errors."""
+
+    def __init__(self, stack: Any, *, storm_blocks: int) -> None:
+        self.stack = stack
         self.storm = EvictionStorm(storm_blocks)
-        self.disk_errors = Increases()
+        self.tier_errors: dict[str, Increases] = {}
         self.tick(0.0)  # the base for later increases
 
     def _capacity_evictions(self) -> int:
-        n = sum(t.evictions.get("capacity", 0) for t in self.ledger.tiers.values())
-        if self.disk is not None:
-            n += self.disk.index.evictions.get("capacity", 0)
-        return n
+        # Demoted blocks were evicted for room too: a storm is capacity pressure.
+        return sum(t.evictions.get(r, 0) for t in self.stack.tier_stats() for r in ROOM_REASONS)
 
     def tick(self, now: float) -> None:
         event = self.storm.observe(now, self._capacity_evictions())
@@ -96,12 +97,9 @@ class CounterWatch:
             else:
                 log.info("eviction storm over (peak %d blocks in %gs)", n, STORM_WINDOW_S,
                          extra={"event": "eviction_storm_end", "peak": n})
-        if self.disk is not None:
-            st = self.disk.store
-            grew = self.disk_errors({"io_errors": st.io_errors,
-                                     "checksum_failures": st.checksum_failures,
-                                     "flush_failures": self.disk.flush_failures})
+        for tier, counters in self.stack.errors().items():
+            grew = self.tier_errors.setdefault(tier, Increases())(counters)
             for name, n in grew.items():
-                log.warning("disk tier: %d new %s", n, name.replace("_", " "),
-                            extra={"event": "tier_error", "tier": "disk", "kind": name,
+                log.warning("%s tier: %d new %s", tier, n, name.replace("_", " "),
+                            extra={"event": "tier_error", "tier": tier, "kind": name,
                                    "count": n})

@@ -1,11 +1,22 @@
-"""The one contract every tier backend offers the daemon, and its two adapters.
+"""The one contract every tier offers for stored bytes, and the host arena's implementation.
 
-The ledger decides where a block lives; a backend only moves its bytes. So a
-backend first turns (namespace, key, size[, the ledger's pages]) into an opaque
-location with `locate` (pure: no I/O), then `write`, `read_into` and `discard`
-act on that location. Moving a block between tiers is then
-`dst.write(dst_loc, view)` or `src.read_into(src_loc, view)` with a view of
-the other tier's bytes, whatever the two backends are.
+The ledger decides where a block lives and keeps every tier's book; a
+backend only holds bytes. It first turns (namespace, key, size[, the
+ledger's pages]) into an opaque location with `locate` (pure: no I/O); then
+
+    write(loc, data)      put: store exactly the block's bytes
+    read_into(loc, out)   get: copy them into the caller's buffer
+    contains(loc)         whether the medium holds the block
+    discard(loc)          delete it
+    view(loc)             a zero-copy view, where the bytes sit in one piece of memory
+
+and says what it can hold (`capacity_bytes`, `used_bytes()`) and how clients
+reach its bytes (`reach`): same-host extents of a shared mapping, bytes
+streamed through the daemon, or files. Moving a block between tiers is then
+`copy_block(src, src_loc, dst, dst_loc)`, whatever the two backends are: the
+tier stack (stack.py) does it for promotions and flushes. Each tier's module
+holds its backend (the disk's is disk_tier.DiskBackend); every backend passes
+tests/server/tiers/test_backend_contract.py.
 
 What differs, and is stated rather than papered over:
 
@@ -13,28 +24,36 @@ What differs, and is stated rather than papered over:
   is the truth), so reading a location that was never written or was
   discarded raises NotStored, and a damaged one CorruptBlock. The arena does
   not: its pages belong to the ledger, `discard` frees nothing (the ledger
-  reuses the pages) and reading them returns whatever they hold. Presence in
-  the arena is the ledger's business.
+  reuses the pages), reading them returns whatever they hold, `contains`
+  answers None (ask the ledger) and `used_bytes()` is the ledger's count.
 * `persistent`: disk blocks survive a daemon restart; arena blocks do not.
 
-All methods are synchronous; the daemon calls them off the event loop. Calls
-on different locations may run concurrently.
+All methods are synchronous; the daemon calls the ones doing I/O off the
+event loop. Calls on different locations may run concurrently.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
+from typing import Any, Callable, NamedTuple, Optional, Protocol, TypeVar, runtime_checkable
 
 from kvkeeper.client.arena_format import Extent, byte_view
 
 from ..ledger.pages import Pages
 from ..ledger.units import ceil_div
 from .arena import Arena
-from .disk import CorruptBlock, DiskStore, NotStored, TierError, check_ns_key
+from .disk import CorruptBlock, NotStored, TierError, check_ns_key
 
-__all__ = ["ArenaBackend", "ArenaLoc", "BlockStore", "CorruptBlock", "DiskBackend", "DiskLoc",
-           "NotStored", "TierError"]
+__all__ = ["ArenaBackend", "ArenaLoc", "BlockStore", "CorruptBlock", "NotStored", "Reach",
+           "TierError", "check_size", "copy_block"]
 
 L = TypeVar("L")
+
+
+class Reach:
+    """How a client gets a tier's bytes."""
+
+    EXTENTS = "extents"   # it maps the tier's file and copies (offset, length) pieces itself
+    STREAM = "stream"     # the daemon streams them (LoadStream / WriteBlocks)
+    FILES = "files"       # one file per block, on a medium clients may share
 
 
 @runtime_checkable
@@ -42,6 +61,12 @@ class BlockStore(Protocol[L]):
     name: str               # the tier: "host", "disk"
     persistent: bool        # blocks survive a daemon restart
     tracks_presence: bool   # read of an unwritten/discarded loc raises NotStored
+    reach: str              # a Reach value
+    capacity_bytes: int     # what the medium may hold
+
+    def used_bytes(self) -> int:
+        """Bytes the tier's blocks take on the medium (no I/O)."""
+        ...
 
     def locate(self, ns: bytes, key: bytes, nbytes: int, pages: Pages | None = None) -> L:
         """Where block (ns, key) of nbytes > 0 lives; no I/O. ValueError if invalid."""
@@ -61,8 +86,33 @@ class BlockStore(Protocol[L]):
         """Drop the block; returns the bytes this backend freed (0 if none)."""
         ...
 
+    def contains(self, loc: L) -> Optional[bool]:
+        """Whether the medium holds the block; None where presence is the ledger's."""
+        ...
 
-def _check_size(what: str, got: int, nbytes: int) -> None:
+    def view(self, loc: L) -> Optional[memoryview]:
+        """A writable zero-copy view of the block's bytes, or None where they
+        are not one piece of memory (valid while the location is the block's)."""
+        ...
+
+
+def copy_block(src: BlockStore[Any], src_loc: Any, dst: BlockStore[Any], dst_loc: Any,
+               nbytes: int) -> None:
+    """Move one block's bytes from `src` to `dst` in one copy where either side
+    offers a view, through one bounce buffer otherwise."""
+    into = dst.view(dst_loc)
+    if into is not None:
+        src.read_into(src_loc, into)
+        return
+    out = src.view(src_loc)
+    if out is None:
+        out = memoryview(bytearray(nbytes))
+        src.read_into(src_loc, out)
+    dst.write(dst_loc, out)
+
+
+def check_size(what: str, got: int, nbytes: int) -> None:
+    """ValueError unless a caller's buffer holds exactly the block's bytes."""
     if got != nbytes:
         raise ValueError(f"{what} holds {got} bytes, the block {nbytes}")
 
@@ -81,9 +131,17 @@ class ArenaBackend:
     name = "host"
     persistent = False
     tracks_presence = False
+    reach = Reach.EXTENTS
 
-    def __init__(self, arena: Arena) -> None:
+    def __init__(self, arena: Arena, used_bytes: Optional[Callable[[], int]] = None) -> None:
+        """`used_bytes`: the ledger's count of the arena's bytes in use (its
+        pages are the ledger's); without one, the arena reports none used."""
         self.arena = arena
+        self.capacity_bytes = arena.page_count * arena.page_bytes
+        self._used = used_bytes
+
+    def used_bytes(self) -> int:
+        return self._used() if self._used is not None else 0
 
     def locate(self, ns: bytes, key: bytes, nbytes: int, pages: Pages | None = None) -> ArenaLoc:
         check_ns_key(ns, key)
@@ -96,54 +154,22 @@ class ArenaBackend:
 
     def write(self, loc: ArenaLoc, data: Any) -> int:
         src = byte_view(data)
-        _check_size("data", src.nbytes, loc.nbytes)
+        check_size("data", src.nbytes, loc.nbytes)
         self.arena.write(loc.extents, src)
         return loc.nbytes
 
     def read_into(self, loc: ArenaLoc, out: Any) -> None:
         dst = byte_view(out, writable=True)
-        _check_size("out", dst.nbytes, loc.nbytes)
+        check_size("out", dst.nbytes, loc.nbytes)
         self.arena.read_into(loc.extents, dst)
 
     def discard(self, loc: ArenaLoc) -> int:
         return 0  # the pages are the ledger's to free and reuse
 
+    def contains(self, loc: ArenaLoc) -> Optional[bool]:
+        return None  # the ledger's book says which pages hold a block
 
-# ---------------------------------------------------------------- disk
-
-class DiskLoc(NamedTuple):
-    ns: bytes
-    key: bytes
-    nbytes: int
-
-
-class DiskBackend:
-    """The disk store: one file per block, found by (namespace, key)."""
-
-    name = "disk"
-    persistent = True
-    tracks_presence = True
-
-    def __init__(self, store: DiskStore) -> None:
-        self.store = store
-
-    def locate(self, ns: bytes, key: bytes, nbytes: int, pages: Pages | None = None) -> DiskLoc:
-        ns, key = check_ns_key(ns, key)
-        if pages is not None:
-            raise ValueError("disk locations take no pages")
-        if nbytes <= 0:
-            raise ValueError(f"a block has at least one byte, got nbytes={nbytes}")
-        return DiskLoc(ns, key, nbytes)
-
-    def write(self, loc: DiskLoc, data: Any) -> int:
-        src = byte_view(data)
-        _check_size("data", src.nbytes, loc.nbytes)
-        return self.store.write(loc.ns, loc.key, src)
-
-    def read_into(self, loc: DiskLoc, out: Any) -> None:
-        dst = byte_view(out, writable=True)
-        _check_size("out", dst.nbytes, loc.nbytes)
-        self.store.read_into(loc.ns, loc.key, dst)
-
-    def discard(self, loc: DiskLoc) -> int:
-        return self.store.delete(loc.ns, loc.key)
+    def view(self, loc: ArenaLoc) -> Optional[memoryview]:
+        if len(loc.extents) != 1:
+            return None
+        return self.arena.view(*loc.extents[0])

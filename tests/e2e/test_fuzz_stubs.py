@@ -31,7 +31,6 @@ import grpc
 import pytest
 
 from kvkeeper.client import AsyncClient
-from kvkeeper.server.tiers.disk_tier import INTERNAL_INSTANCE
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 from daemon_process import two_tenants_and_ops, write_tokens
@@ -146,11 +145,10 @@ def print_problems(problems: list, errors: ErrorLog) -> None:
 async def final_checks(fz: Fuzzer, d: Any) -> None:
     """Every session closes, nothing stays pinned, the client still works end to end."""
     await fz.close_all()
-    if d.disk is not None:
-        await d.disk.drain()   # write-back flushes pin their blocks until done
+    await d.stack.drain()   # write-back flushes pin their blocks until done
     L = d.ledger
-    # The disk tier keeps sessions of its own (flushing, promotion); they hold nothing now.
-    mine = [s for s in L.sessions.values() if s.instance_id != INTERNAL_INSTANCE]
+    # The daemon's own pins (flushing, promotion) belong to no session.
+    mine = list(L.sessions.values())
     assert not mine and not L.leases and not L.reservations, (
         f"{len(mine)} sessions, {len(L.leases)} leases, {len(L.reservations)} reservations left")
     stats = await fz.ok(OWNER_IDENT["socket"], "Stats", pb.StatsRequest())
@@ -168,7 +166,6 @@ async def final_checks(fz: Fuzzer, d: Any) -> None:
             assert m.matched == 3
             assert await c.load(m.lease_id) == blocks
             await c.release(m.lease_id)
-    if d.disk is not None:
-        await d.disk.drain()
-    assert [s for s in L.sessions.values() if s.instance_id != INTERNAL_INSTANCE] == []
+    await d.stack.drain()
+    assert list(L.sessions.values()) == []
     assert not L.leases and not L.reservations

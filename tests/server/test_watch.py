@@ -39,8 +39,13 @@ def test_increases() -> None:
     assert inc({"a": 4, "b": 5}) == {"a": 3}
 
 
-def fake_ledger(evictions: Counter) -> SimpleNamespace:
-    return SimpleNamespace(tiers={"host": SimpleNamespace(evictions=evictions)})
+def fake_stack(evictions: Counter, disk: SimpleNamespace) -> SimpleNamespace:
+    """The tier stack as CounterWatch reads it: every tier's book, the disk's errors."""
+    return SimpleNamespace(
+        tier_stats=lambda: [SimpleNamespace(evictions=evictions), disk.index],
+        errors=lambda: {"disk": {"io_errors": disk.store.io_errors,
+                                 "checksum_failures": disk.store.checksum_failures,
+                                 "flush_failures": disk.flush_failures}})
 
 
 def test_counter_watch_logs_storms_and_disk_errors(caplog) -> None:
@@ -48,7 +53,7 @@ def test_counter_watch_logs_storms_and_disk_errors(caplog) -> None:
     store = SimpleNamespace(io_errors=0, checksum_failures=0)
     disk = SimpleNamespace(store=store, flush_failures=0,
                            index=SimpleNamespace(evictions=Counter()))
-    w = CounterWatch(fake_ledger(ev), disk, storm_blocks=10)
+    w = CounterWatch(fake_stack(ev, disk), storm_blocks=10)
     with caplog.at_level(logging.INFO, logger="kvkeeper.watch"):
         ev["capacity"] += 6
         ev["admin"] += 100                     # an operator's evict is no storm

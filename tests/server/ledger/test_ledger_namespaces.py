@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from kvkeeper.server.errors import InvalidArgument
-from kvkeeper.server.ids import HOST
+from kvkeeper.server.ids import DISK, HOST
 from kvkeeper.server.ledger import BlockState, Ledger, LedgerConfig, SlotStatus, TierSpec
 
 
@@ -125,8 +125,8 @@ def test_an_internal_match_pins_without_counting_or_reordering(make_ledger, desc
     store(led, s.id, chain)
     order = [b.key for b in led.top.policy]
     counters = (led.lookups, led.lookup_keys, led.top.hit_blocks, led.top.hit_tokens)
-    m = led.match(s.id, chain[:2], lease=True, now=5.0, internal=True)
-    assert m.matched == 2 and m.lease_id is not None
+    m = led.pin_internal(s.ns, chain[:2])
+    assert m is not None and len(m.blocks) == 2 and m.session is led.internal
     assert (led.lookups, led.lookup_keys, led.top.hit_blocks, led.top.hit_tokens) == counters
     assert [led.block(s.ns.id, k).hits for k in chain] == [0, 0, 0]
     assert [led.block(s.ns.id, k).refs for k in chain] == [1, 1, 0]
@@ -139,7 +139,7 @@ def test_hits_counted_elsewhere_are_not_counted_twice(make_ledger, descriptor, k
     s = led.register_session("a", descriptor(block_tokens=16), 0.0)
     chain = [key(1), key(2), key(3)]
     store(led, s.id, chain)
-    led.match(s.id, chain, lease=False, now=1.0, counted_elsewhere={0, 2})
+    led.match(s.id, chain, lease=False, now=1.0, below={0: DISK, 2: DISK})
     assert (led.top.hit_blocks, led.top.hit_tokens) == (1, 16)
     assert led.lookups == 1 and led.lookup_keys == 3
     # Every block was still used: hits and recency move for all three.

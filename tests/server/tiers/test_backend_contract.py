@@ -1,10 +1,12 @@
-"""One contract, every tier backend: the arena and the disk store pass the same suite."""
+"""One contract, every tier backend: the arena and the disk store pass the same
+suite. A new tier's backend joins KINDS and `harness`."""
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -13,8 +15,9 @@ import pytest
 from kvkeeper.server.ledger.pages import PageAllocator
 from kvkeeper.server.ledger.units import ceil_div
 from kvkeeper.server.tiers.arena import HEADER_BYTES, Arena
-from kvkeeper.server.tiers.backend import (ArenaBackend, BlockStore, DiskBackend, NotStored)
+from kvkeeper.server.tiers.backend import ArenaBackend, BlockStore, NotStored, Reach, copy_block
 from kvkeeper.server.tiers.disk import DiskStore
+from kvkeeper.server.tiers.disk_tier import DiskBackend
 
 KiB, MiB = 1 << 10, 1 << 20
 PAGE = 64 * KiB
@@ -41,17 +44,29 @@ class Harness:
         return self._locs[(key, nbytes)]
 
 
-@pytest.fixture(params=["arena", "disk"])
-def h(request, tmp_path):
-    if request.param == "arena":
+KINDS = ["arena", "disk"]
+
+
+@contextlib.contextmanager
+def harness(kind: str, tmp_path: Any) -> Iterator[Harness]:
+    if kind == "arena":
         base = "/dev/shm" if os.path.isdir("/dev/shm") else str(tmp_path)
         path = os.path.join(base, f"kvkeeper-test-{os.getpid()}-{uuid.uuid4().hex}")
         arena = Arena.create(path, HEADER_BYTES + ARENA_PAGES * PAGE, PAGE)
-        yield Harness(ArenaBackend(arena), PageAllocator(ARENA_PAGES))
-        arena.close()
+        try:
+            yield Harness(ArenaBackend(arena), PageAllocator(ARENA_PAGES))
+        finally:
+            arena.close()
     else:
-        store, _ = DiskStore.open(str(tmp_path / "disk"), owner_id="contract", fsync=False)
+        store, _ = DiskStore.open(str(tmp_path / f"disk-{uuid.uuid4().hex[:8]}"),
+                                  owner_id="contract", fsync=False)
         yield Harness(DiskBackend(store), None)
+
+
+@pytest.fixture(params=KINDS)
+def h(request, tmp_path):
+    with harness(request.param, tmp_path) as one:
+        yield one
 
 
 def key(i: int) -> bytes:
@@ -67,6 +82,61 @@ def test_fits_the_protocol(h):
     assert isinstance(b, BlockStore)
     assert isinstance(b.name, str) and isinstance(b.persistent, bool)
     assert isinstance(b.tracks_presence, bool)
+    assert b.reach in (Reach.EXTENTS, Reach.STREAM, Reach.FILES)
+
+
+def test_capacity_and_usage(h):
+    b = h.backend
+    assert b.capacity_bytes > 0 and 0 <= b.used_bytes() <= b.capacity_bytes
+    before = b.used_bytes()
+    n = PAGE + 9
+    b.write(h.loc(key(20), n), rand(n))
+    if b.tracks_presence:
+        assert b.used_bytes() >= before + n
+    else:
+        assert b.used_bytes() == before   # the ledger counts the arena's pages
+
+
+def test_contains(h):
+    b = h.backend
+    n = 2 * PAGE
+    loc = h.loc(key(21), n)
+    if not b.tracks_presence:
+        assert b.contains(loc) is None    # presence is the ledger's
+        return
+    assert b.contains(loc) is False
+    b.write(loc, rand(n))
+    assert b.contains(loc) is True
+    b.discard(loc)
+    assert b.contains(loc) is False
+
+
+@pytest.mark.parametrize("n", [100, PAGE, 3 * PAGE + 1])
+def test_a_view_is_the_block(h, n):
+    loc = h.loc(key(22), n)
+    h.backend.write(loc, rand(n))
+    v = h.backend.view(loc)
+    if v is None:
+        return  # not one piece of memory: bytes are copied in and out
+    assert len(v) == n and bytes(v) == rand(n)
+    v[:] = rand(n, 5)
+    out = bytearray(n)
+    h.backend.read_into(loc, out)
+    assert out == rand(n, 5)
+    del v
+
+
+@pytest.mark.parametrize("src_kind", KINDS)
+@pytest.mark.parametrize("dst_kind", KINDS)
+@pytest.mark.parametrize("n", [1, PAGE + 1, 3 * PAGE])
+def test_copy_block_between_any_two_tiers(tmp_path, src_kind, dst_kind, n):
+    with harness(src_kind, tmp_path) as src, harness(dst_kind, tmp_path) as dst:
+        sloc, dloc = src.loc(key(23), n), dst.loc(key(23), n)
+        src.backend.write(sloc, rand(n, 7))
+        copy_block(src.backend, sloc, dst.backend, dloc, n)
+        out = bytearray(n)
+        dst.backend.read_into(dloc, out)
+        assert out == rand(n, 7)
 
 
 @pytest.mark.parametrize("n", SIZES)

@@ -1,0 +1,53 @@
+"""A block's moves within its page tier's book: pins, eviction, removal.
+
+The ledger's calls (sessions', leases', saves', the daemon's own) all go
+through these, so the tier's counters and its policy stay in step with the
+block's state and references.
+"""
+from __future__ import annotations
+
+from .records import Block
+from .states import Event, next_state
+from .tier import Tier
+
+
+def pin(b: Block) -> None:
+    next_state(b, b.state, Event.PIN, b.refs)
+    if b.refs == 0:
+        b.tier.policy.remove(b)
+        b.tier.evictable_pages -= b.ns.pages_per_block
+    b.refs += 1
+
+
+def unpin(b: Block, now: float) -> None:
+    next_state(b, b.state, Event.UNPIN, b.refs)
+    b.refs -= 1
+    b.last_used = now
+    if b.refs == 0:
+        b.tier.policy.add(b)
+        b.tier.evictable_pages += b.ns.pages_per_block
+
+
+def reclaim(b: Block, reason: str) -> None:
+    """Drop an unreferenced committed block on purpose (discard, admin)."""
+    b.tier.policy.remove(b)
+    b.tier.evictable_pages -= b.ns.pages_per_block
+    drop(b, Event.RECLAIM, reason)
+
+
+def evict(b: Block, reason: str) -> int:
+    """Drop a victim the policy already unlinked; returns the pages it freed."""
+    b.tier.evictable_pages -= b.ns.pages_per_block
+    drop(b, Event.EVICT, reason)
+    return b.ns.pages_per_block
+
+
+def drop(b: Block, event: Event, reason: str) -> None:
+    """Remove `b` from the ledger and free its pages. It is already unlinked."""
+    b.state = next_state(b, b.state, event, b.refs)
+    tier: Tier = b.tier
+    tier.pages.free(b.pages, b.ns.pages_per_block)
+    b.ns.used_pages -= b.ns.pages_per_block
+    tier.blocks -= 1
+    tier.evictions[reason] += 1
+    del b.ns.blocks[b.key]

@@ -1,0 +1,305 @@
+"""The tier stack: the host arena on top, the tiers below it, and every movement
+of blocks between them.
+
+The ledger keeps every tier's book (pure, no I/O); each tier holds bytes
+behind the one contract of backend.py; the stack is the asyncio layer that
+moves blocks and tells the ledger what moved. What it owns:
+
+* Match across tiers in order: the ledger says which tier holds each leading
+  key (Ledger.locate); a key in no book may still be in a medium another
+  daemon writes too, so the stack probes the tiers below for it.
+* Promotion of a leased hit: a lower tier's block is copied into freshly
+  reserved arena pages (held by the ledger's internal holder) and committed
+  before the caller's lease is taken, so Load and LoadStream only ever read
+  the arena. Concurrent promotions of one block share one copy.
+* Write-through (CommitSave answers once the blocks are below), write-back
+  (flushed in the background; each block stays pinned by an internal lease
+  from its commit until its flush ends, so the arena evicts only blocks that
+  are below already), admission after N hits (a block goes down once hit
+  admit_after_hits times), and demotion: the arena's victims of capacity
+  pressure that a lower tier holds leave as "demoted", not lost.
+
+Nothing above the stack (servicer, admin, metrics, watch, app) knows which
+tiers exist: adding a tier is one module offering LowerTier, its config,
+and the contract suite (tests/server/tiers/test_backend_contract.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Protocol, Sequence
+
+from ..errors import ClientError, ResourceExhausted
+from ..ids import LOCAL, Identity, NamespaceId, SessionId, TierName
+from ..ledger import (Block, BlockState, Copy, Holding, Lease, Ledger, MatchResult, Namespace,
+                      TierStats)
+from ..ledger.views import copies, holdings, tier_stats
+from .arena import Arena
+from .backend import ArenaBackend, BlockStore, CorruptBlock, TierError
+
+log = logging.getLogger("kvkeeper.stack")
+
+
+@dataclass(frozen=True)
+class TierCounter:
+    """One series a tier exports beside its book (kvkeeper_<name>[_total])."""
+
+    name: str
+    kind: str       # "counter" or "gauge"
+    help: str
+    value: float
+
+
+class LowerTier(Protocol):
+    """A tier below the arena, as the stack drives it (disk_tier.DiskTier is one)."""
+
+    name: TierName
+    backend: BlockStore[Any]
+    write_back: bool          # flush after CommitSave answers, not before
+    admit_after_hits: int     # 0: every committed block goes down; N: once hit N times
+    flush_failures: int
+
+    async def io(self, fn: Callable[..., Any], *args: Any) -> Any: ...
+    def loc(self, ns: bytes, key: bytes, nbytes: int) -> Any: ...
+    async def probe(self, ns: bytes, key: bytes) -> Optional[int]: ...
+    def read_into(self, loc: Any, dst: BlockStore[Any], dst_loc: Any) -> None: ...
+    def write_from(self, src: BlockStore[Any], src_loc: Any, loc: Any) -> None: ...
+    def refusal(self, e: TierError) -> ClientError: ...
+    async def forget(self, where: tuple[bytes, bytes]) -> None: ...
+    async def maintain(self) -> None: ...
+    async def close(self) -> None: ...
+    def counters(self) -> list[TierCounter]: ...
+    def errors(self) -> dict[str, int]: ...
+
+
+class TierStack:
+    def __init__(self, ledger: Ledger, arena: Arena, lower: Sequence[LowerTier] = (),
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ledger = ledger
+        top = ledger.top
+        self.host = ArenaBackend(arena, lambda: top.used_pages * top.page_bytes)
+        self.lower = list(lower)
+        self._by_name = {t.name: t for t in self.lower}
+        self.clock = clock
+        self._flushes: set[asyncio.Task[Any]] = set()
+        self._promotions: dict[tuple[bytes, bytes], asyncio.Future[bool]] = {}
+
+    def tier(self, name: TierName) -> Optional[LowerTier]:
+        return self._by_name.get(name)
+
+    # ------------------------------------------------------------ reading the books
+    def tier_stats(self) -> list[TierStats]:
+        return tier_stats(self.ledger)
+
+    def holdings(self) -> dict[NamespaceId, list[Holding]]:
+        return holdings(self.ledger)
+
+    def copies(self, ns_id: NamespaceId, key: bytes) -> list[Copy]:
+        return copies(self.ledger, ns_id, key, self.clock())
+
+    def counters(self) -> list[TierCounter]:
+        """The series the lower tiers export beside their books."""
+        return [c for t in self.lower for c in t.counters()]
+
+    def errors(self) -> dict[TierName, dict[str, int]]:
+        return {t.name: t.errors() for t in self.lower}
+
+    def verifiable(self) -> Optional[Any]:
+        """The first tier that can re-check its stored blocks (verify_all), or None."""
+        return next((t for t in self.lower if hasattr(t, "verify_all")), None)
+
+    # ------------------------------------------------------------ match
+    async def match(self, sid: SessionId, keys: Sequence[bytes], *, lease: bool,
+                    report_use: bool = False, owner: Identity = LOCAL) -> MatchResult:
+        L = self.ledger
+        if not self.lower:
+            return L.match(sid, keys, lease=lease, now=self.clock(), report_use=report_use,
+                           owner=owner)
+        session = L.session(sid, self.clock(), owner)
+        keys = L.check_keys(keys, unique=False)
+        ns = session.ns
+        where = await self._locate(ns, keys)
+        n = len(where)
+        below = {i: t for i, t in enumerate(where) if t in self._by_name}
+        if below and lease:
+            promoted = await asyncio.gather(*(self._promote(ns, keys[i], self._by_name[t])
+                                              for i, t in below.items()))
+            # The chain ends at the first block that could not be brought up.
+            for i, ok in zip(below, promoted):
+                if not ok:
+                    n = i
+                    break
+            below = {i: t for i, t in below.items() if i < n}
+        else:
+            for i, t in below.items():
+                L.touch(t, ns, keys[i])
+        if not lease:
+            top_keys = [k for i, k in enumerate(keys[:n]) if i not in below]
+            L.match(sid, top_keys, lease=False, now=self.clock(), report_use=report_use,
+                    owner=owner)
+            # The request looked up every key, not only those the arena holds.
+            L.count_asked(ns, len(keys) - len(top_keys), report_use)
+            return MatchResult(n, [below.get(i, L.top.name) for i in range(n)], None)
+        r = L.match(sid, keys[:n], lease=True, now=self.clock(), below=below,
+                    report_use=report_use, owner=owner)
+        L.count_asked(ns, len(keys) - n, report_use)
+        self._admit(ns, keys[:r.matched])
+        return MatchResult(r.matched, [below.get(i, t) for i, t in enumerate(r.tiers)],
+                           r.lease_id)
+
+    async def _locate(self, ns: Namespace, keys: list[bytes]) -> list[TierName]:
+        """The tier of each leading key, probing the media below for a key no
+        book holds (another daemon may have written it)."""
+        where: list[TierName] = []
+        while True:
+            found = self.ledger.locate(ns, keys, len(where))
+            where += found.tiers
+            if not found.probe or len(where) == len(keys):
+                return where
+            tier = await self._probe(ns, keys[len(where)])
+            if tier is None:
+                return where
+            where.append(tier)
+
+    async def _probe(self, ns: Namespace, key: bytes) -> Optional[TierName]:
+        for t in self.lower:
+            nbytes = await t.probe(ns.id, key)
+            if nbytes is not None and self.ledger.adopt(t.name, ns, key, nbytes):
+                return t.name
+        return None
+
+    # ------------------------------------------------------------ promotion
+    async def _promote(self, ns: Namespace, key: bytes, tier: LowerTier) -> bool:
+        """Copy a lower tier's block into the arena; True once committed there."""
+        where = (ns.id, key)
+        pending = self._promotions.get(where)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._promotions[where] = fut
+        try:
+            ok = await self._copy_up(ns, key, tier)
+        except Exception:  # noqa: BLE001 - a failed promotion is a miss, never an error
+            log.exception("promotion of a %s block failed", tier.name)
+            ok = False
+        finally:
+            del self._promotions[where]
+        fut.set_result(ok)
+        return ok
+
+    async def _copy_up(self, ns: Namespace, key: bytes, tier: LowerTier) -> bool:
+        L = self.ledger
+        book = L.lower[tier.name]
+        entry = book.get(ns.id, key)
+        if entry is None:
+            return False
+        try:
+            r = L.reserve_internal(ns.id, [key], self.clock())
+        except ResourceExhausted:
+            return False  # the arena is pinned full: serve what the host has
+        b = r.blocks[0]
+        if b is None:  # it reached the arena meanwhile
+            now = L.block(ns.id, key)
+            return now is not None and now.state is BlockState.COMMITTED
+        assert r.reservation_id is not None
+        book.pin(entry)
+        try:
+            await tier.io(tier.read_into, tier.loc(ns.id, key, ns.block_bytes), self.host,
+                          self._host_loc(b))
+        except TierError as e:
+            log.warning("%s block unreadable, treated as a miss: %s", tier.name, e)
+            book.unpin(entry)
+            book.drop(entry, "corrupt" if isinstance(e, CorruptBlock) else "lost")
+            L.abort_internal(r.reservation_id, self.clock())
+            return False
+        book.unpin(entry)
+        book.touch(entry)
+        L.commit_internal(r.reservation_id, self.clock())
+        return True
+
+    def _host_loc(self, b: Block) -> Any:
+        return self.host.locate(b.ns.id, b.key, b.ns.block_bytes, b.pages)
+
+    # ------------------------------------------------------------ flushing down
+    def _admit(self, ns: Namespace, keys: Sequence[bytes]) -> None:
+        """Admission: a block reaching a tier's admit_after_hits is flushed now."""
+        for t in self.lower:
+            if t.admit_after_hits:
+                due = self.ledger.due_for_admission(t.name, ns, keys, t.admit_after_hits)
+                if due:
+                    self._spawn_flush(ns, due, t)
+
+    async def committed(self, ns: Namespace, keys: Sequence[bytes]) -> None:
+        """Called after a client's commit. Write-through: returns once below."""
+        for t in self.lower:
+            if t.admit_after_hits or not keys:
+                continue
+            if t.write_back:
+                self._spawn_flush(ns, keys, t)
+                continue
+            lease = self.ledger.pin_internal(ns, keys)
+            if lease is not None:
+                await self._flush(lease, t, strict=True)
+
+    def _spawn_flush(self, ns: Namespace, keys: Sequence[bytes], tier: LowerTier) -> None:
+        # Pin now, synchronously, so eviction cannot take the blocks before the task runs.
+        lease = self.ledger.pin_internal(ns, keys)
+        if lease is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._flush(lease, tier, strict=False))
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
+
+    async def _flush(self, lease: Lease, tier: LowerTier, *, strict: bool) -> None:
+        """Write the leased blocks down, then drop the internal lease.
+        strict: raise on the first failure (write-through acknowledges durability)."""
+        try:
+            for b in list(lease.blocks):
+                await self._flush_block(b, tier, strict)
+        finally:
+            self.ledger.release_internal(lease, self.clock())
+
+    async def _flush_block(self, b: Block, tier: LowerTier, strict: bool) -> None:
+        ns = b.ns
+        book = self.ledger.lower[tier.name]
+        try:
+            res = book.reserve(ns.id, b.key, ns.block_bytes)
+        except ResourceExhausted:
+            tier.flush_failures += 1
+            if strict:
+                raise
+            log.warning("%s tier full: block not persisted (write-back)", tier.name)
+            return
+        if res is None:
+            return  # already below, or being written
+        for where in res.evicted:
+            await tier.forget(where)
+        try:
+            await tier.io(tier.write_from, self.host, self._host_loc(b),
+                          tier.loc(ns.id, b.key, ns.block_bytes))
+        except TierError as e:
+            book.failed(res.entry)
+            tier.flush_failures += 1
+            if strict:
+                raise tier.refusal(e) from e
+            log.warning("write-back flush failed: %s", e)
+            return
+        book.written(res.entry)
+
+    # ------------------------------------------------------------ lifetime
+    async def maintain(self) -> None:
+        """Periodic upkeep of every tier (the reaper calls it about once a second)."""
+        for t in self.lower:
+            await t.maintain()
+
+    async def drain(self) -> None:
+        """Finish every write-back flush (graceful shutdown, admin Drain)."""
+        while self._flushes:
+            await asyncio.gather(*list(self._flushes), return_exceptions=True)
+
+    async def close(self) -> None:
+        await self.drain()
+        for t in self.lower:
+            await t.close()
