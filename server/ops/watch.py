@@ -10,7 +10,7 @@ import logging
 from collections import deque
 from typing import Any, Optional
 
-from .ledger import ROOM_REASONS
+from ..ledger import ROOM_REASONS
 
 log = logging.getLogger("kvkeeper.watch")
 
