@@ -27,7 +27,9 @@ import kvkeeper.client, kvkeeper.server, kvkeeper.v1
 names = []
 for pkg in (kvkeeper.server, kvkeeper.client, kvkeeper.v1):
     names.append(pkg.__name__)
-    names += [m.name for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + ".")]
+    # __main__ modules run a command when imported (python -m): not a library import
+    names += [m.name for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + ".")
+              if not m.name.endswith(".__main__")]
 for name in names:
     importlib.import_module(name)
 # what `kvkeeper bench all` (and `bench ledger --quick`) loads before it runs
