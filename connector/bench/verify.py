@@ -8,6 +8,9 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from kvkeeper.client import Client
+from kvkeeper.connector.keys import chain_keys
+
 
 class VerificationError(RuntimeError):
     """A hit the benchmark relies on did not happen: its figures would be wrong."""
@@ -62,9 +65,6 @@ class SavedProbe:
 
     def stored(self, report: Dict[str, Any], tokens: Sequence[int]) -> Tuple[int, int]:
         """(blocks of `tokens` the daemon holds, full blocks of `tokens`)."""
-        from kvkeeper.client import Client
-        from kvkeeper.connector.keys import chain_keys
-
         info = report["kvkeeper"]
         if self.client is None:
             self.client = Client.connect(self.url, info["namespace"],
