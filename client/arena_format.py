@@ -17,6 +17,8 @@ import numpy as np
 MAGIC = b"KVKARENA"
 ARENA_ID_BYTES = 16
 HEADER_BYTES = 4096
+# Pages are whole multiples of the OS page, so every page maps and faults alone.
+PAGE_ALIGN = 4096
 FORMAT_VERSION = 1
 # magic, arena_id, page_bytes, page_count, data_offset, version
 HEADER_STRUCT = struct.Struct("<8s16sQQQQ")

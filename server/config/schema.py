@@ -9,6 +9,8 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Optional
 
+from kvkeeper.client.arena_format import HEADER_BYTES, PAGE_ALIGN
+
 from ..ids import HOST
 from ..ledger.ledger import LedgerConfig
 from ..ledger.policy import POLICIES
@@ -16,8 +18,7 @@ from ..ledger.tier import TierSpec
 from .parsers import GiB, KiB, MiB
 
 # Bytes at the start of the host segment kept for its header; the rest holds pages.
-HOST_HEADER_BYTES = 4096
-PAGE_ALIGN = 4096
+HOST_HEADER_BYTES = HEADER_BYTES
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS = ("text", "json")
 

@@ -35,7 +35,7 @@ that is alive at a freeze and becomes garbage later is never reclaimed until
 (an evicted block goes the moment the ledger drops it, frozen or not), and
 collecting just before each freeze means nothing that is already garbage
 gets frozen. The ledger's operations create no cyclic garbage
-(tests/server/test_gcpolicy.py checks register, match, lease, reserve,
+(tests/server/ops/test_gcpolicy.py checks register, match, lease, reserve,
 commit, abort, release, discard, evict, expire and their errors), so what can
 leak is a cycle owned by work in flight at a tick that only becomes garbage
 afterwards (the RPC error path was one: see api.status.set_status).

@@ -31,14 +31,13 @@ from operator import index as _index
 
 from ..ledger.pages import Pages, page_runs
 
-from kvkeeper.client.arena_format import (ARENA_ID_BYTES, FORMAT_VERSION, HEADER_BYTES, MAGIC,
+from kvkeeper.client.arena_format import (ARENA_ID_BYTES, FORMAT_VERSION, HEADER_BYTES, MAGIC, PAGE_ALIGN,
                                           Extent, write_header)
 from kvkeeper.client.arena_mapping import ArenaMapping, file_id, map_file
 
 # FORMAT_VERSION, HEADER_BYTES, MAGIC: the layout, for callers that check the file.
 __all__ = ["Arena", "PAGE_ALIGN", "FORMAT_VERSION", "HEADER_BYTES", "MAGIC"]
 
-PAGE_ALIGN = 4096
 
 
 class Arena(ArenaMapping):
