@@ -10,8 +10,9 @@ connector should not have to handle itself:
 * choosing the byte path: shared memory when the daemon's arena can be mapped
   (same host), gRPC streams otherwise, and falling back to streams when the
   arena goes away;
-* checksums: CRC32 of every saved block goes to the daemon at commit and is
-  checked on every load, so corruption anywhere in between is caught;
+* checksums: XXH3-64 (or CRC32) of every saved block goes to the daemon at
+  commit and is checked on every load with the algorithm the block was stored
+  with, so corruption anywhere in between is caught;
 * the daemon's limits (max keys per call) and the caller's mistakes (wrong
   key or block sizes), checked before anything is sent.
 
@@ -34,7 +35,7 @@ from kvkeeper.v1 import kvkeeper_pb2 as pb
 from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 
 from .auth import TLSLike, aio_channel, bearer_metadata
-from .checksum import ALGOS, byte_view
+from .checksum import ALGOS, DEFAULT as DEFAULT_CHECKSUM, algo_of, byte_view
 from .errors import (ChecksumError, FailedPreconditionError, KVKeeperClientError,
                      from_rpc_error, is_session_lost)
 from .retry import call_with_retry
@@ -50,7 +51,7 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 64 << 20
 WRITE_CHUNK_BYTES = 1 << 20
-# Checksumming more than this many bytes runs in a worker thread (zlib drops
+# Checksumming more than this many bytes runs in a worker thread (zlib and xxhash drop
 # the GIL), so one large save or load does not stall heartbeats and other calls.
 _OFFLOAD_BYTES = 4 << 20
 CHANNEL_OPTIONS = [
@@ -65,7 +66,6 @@ CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 500),
 ]
 _TRANSPORTS = ("auto", "shm", "stream")
-_CHECKSUMS = {"crc32": pb.CHECKSUM_CRC32, "none": pb.CHECKSUM_NONE}
 
 NamespaceLike = Union[Mapping[str, Any], pb.NamespaceDescriptor]
 
@@ -132,7 +132,7 @@ class AsyncClient:
         self._instance_id = instance_id
         self._timeout = timeout
         self._mode = transport
-        self._checksum_algo = _CHECKSUMS[checksum]
+        self._checksum_algo = algo_of(checksum)
         self._max_retries = max_retries
         self._session_id = ""
         self._namespace_id = b""
@@ -150,24 +150,24 @@ class AsyncClient:
 
     @classmethod
     async def connect(cls, url: str, namespace: NamespaceLike, *, instance_id: str = "",
-                      timeout: float = 5.0, transport: str = "auto", checksum: str = "crc32",
-                      max_retries: int = 5, token: Optional[str] = None,
-                      tls: TLSLike = None) -> "AsyncClient":
+                      timeout: float = 5.0, transport: str = "auto",
+                      checksum: str = DEFAULT_CHECKSUM, max_retries: int = 5,
+                      token: Optional[str] = None, tls: TLSLike = None) -> "AsyncClient":
         """Open a channel to `url`, register a session and start heartbeats.
 
         timeout: deadline of every RPC, in seconds (a stream's deadline covers
         the whole stream). transport: "auto" maps the daemon's arena when it can
         and streams otherwise; "shm" fails here if the arena cannot be mapped;
-        "stream" never maps. checksum: "crc32" sends checksums at commit and
-        verifies them at load; "none" does neither. max_retries: retries of an
-        idempotent call on UNAVAILABLE. token: bearer token sent with every call
+        "stream" never maps. checksum: "xxh3" (the default) or "crc32" sends
+        that checksum at commit; loads verify each block with the algorithm it
+        was stored with (old CRC32 blocks too); "none" does neither.
+        max_retries: retries of an idempotent call on UNAVAILABLE. token: bearer token sent with every call
         (daemons with auth.tokens_file). tls: None (plain), True (system roots) or
         kvkeeper.client.auth.TLS(ca_file, cert_file, key_file); see client/auth.py.
         """
         if transport not in _TRANSPORTS:
             raise ValueError(f"transport must be one of {_TRANSPORTS}, got {transport!r}")
-        if checksum not in _CHECKSUMS:
-            raise ValueError(f"checksum must be one of {tuple(_CHECKSUMS)}, got {checksum!r}")
+        algo_of(checksum)   # ValueError naming the choices, before anything connects
         if not timeout or timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         if max_retries < 0:

@@ -2,19 +2,27 @@
 
 The daemon stores the checksum a writer gives at commit and hands it back with
 every load; only clients compute it, so a block corrupted anywhere in between
-(host tier, disk tier, transport) is caught by the reader. CRC32 comes with
-zlib, so it is the default; XXH3-64 is used only where `xxhash` is installed.
+(host tier, disk tier, transport) is caught by the reader. The default is
+XXH3-64 (`xxhash`): `kvkeeper bench checksum` measured it at memory speed
+(~15 GB/s here against ~2-3.5 GB/s for zlib's CRC32, and as fast as hardware
+CRC32C from google-crc32c/crc32c; a 64-bit hash also misses fewer
+corruptions). CRC32 stays computable, so blocks committed with it by older
+clients still verify: a reader always checks with the algorithm the block was
+stored with, whatever its own saves use.
 """
 from __future__ import annotations
 
 from .arena_format import byte_view  # re-exported: callers take views from here
 
 import zlib
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Iterable
+
+import xxhash
 
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
-__all__ = ["ALGOS", "byte_view", "crc32", "checksum", "can_verify"]
+__all__ = ["ALGOS", "DEFAULT", "NAMES", "byte_view", "crc32", "xxh3_64", "checksum",
+           "checksum_parts", "can_verify", "algo_of"]
 
 
 def crc32(buf: Any) -> int:
@@ -22,20 +30,29 @@ def crc32(buf: Any) -> int:
     return zlib.crc32(byte_view(buf)) & 0xFFFFFFFF
 
 
-ALGOS: Dict[int, Callable[[Any], int]] = {pb.CHECKSUM_CRC32: crc32}
+def xxh3_64(buf: Any) -> int:
+    """XXH3-64 (seed 0) of any C-contiguous buffer, as an unsigned int."""
+    return xxhash.xxh3_64_intdigest(byte_view(buf))
+
+
+ALGOS: Dict[int, Callable[[Any], int]] = {pb.CHECKSUM_CRC32: crc32,
+                                          pb.CHECKSUM_XXH3_64: xxh3_64}
 """ChecksumAlgo value -> function(buffer) -> int, for the algorithms this process can compute."""
 
-try:  # optional: only if the environment already has it
-    import xxhash as _xxhash
+NAMES: Dict[str, int] = {"xxh3": pb.CHECKSUM_XXH3_64, "crc32": pb.CHECKSUM_CRC32,
+                         "none": pb.CHECKSUM_NONE}
+"""The names clients and the connector's kvkeeper_checksum accept -> ChecksumAlgo."""
 
-    def xxh3_64(buf: Any) -> int:
-        """XXH3-64 of any C-contiguous buffer."""
-        return _xxhash.xxh3_64_intdigest(byte_view(buf))
+DEFAULT = "xxh3"
+"""What saves use unless told otherwise."""
 
-    ALGOS[pb.CHECKSUM_XXH3_64] = xxh3_64
-    __all__.append("xxh3_64")
-except ImportError:  # pragma: no cover - depends on the environment
-    pass
+
+def algo_of(name: str) -> int:
+    """The ChecksumAlgo value of `name` (a NAMES key); ValueError naming the choices."""
+    try:
+        return NAMES[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"checksum must be one of {tuple(NAMES)}, got {name!r}") from None
 
 
 def can_verify(algo: int) -> bool:
@@ -46,3 +63,21 @@ def can_verify(algo: int) -> bool:
 def checksum(algo: int, buf: Any) -> int:
     """The checksum of `buf` with `algo` (a ChecksumAlgo value); KeyError if unknown."""
     return ALGOS[algo](buf)
+
+
+def checksum_parts(algo: int, parts: Iterable[Any]) -> int:
+    """The checksum with `algo` of the concatenation of `parts` (C-contiguous
+    buffers, in order) without joining them: CRC32 chained, XXH3-64 through
+    its streaming state (the same value as the one-shot hash). KeyError if
+    `algo` is unknown."""
+    if algo == pb.CHECKSUM_CRC32:
+        crc = 0
+        for p in parts:
+            crc = zlib.crc32(byte_view(p), crc)
+        return crc & 0xFFFFFFFF
+    if algo == pb.CHECKSUM_XXH3_64:
+        h = xxhash.xxh3_64()
+        for p in parts:
+            h.update(byte_view(p))
+        return h.intdigest()
+    raise KeyError(algo)

@@ -12,7 +12,7 @@ import logging
 import time
 from typing import List, Optional, Sequence, Tuple
 
-from kvkeeper.client.checksum import ALGOS
+from kvkeeper.client.checksum import can_verify
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 from ..blocks import BlockCodec
@@ -38,10 +38,11 @@ class BlockLoader:
     def block_ok(self, block_id: int, expected: Tuple[int, int]) -> bool:
         """Whether vLLM block `block_id` matches the checksum it was committed with."""
         algo, want = expected
-        fn = ALGOS.get(algo)
-        if fn is None or not self._verify:
-            return True   # stored without a checksum (or one this process lacks), or off
-        return self.codec.block_checksum(block_id, fn, algo == pb.CHECKSUM_CRC32) == want
+        if not self._verify or algo == pb.CHECKSUM_NONE:
+            return True   # checks off here, or stored without a checksum
+        if not can_verify(algo):
+            return False  # an algorithm this process lacks: unverified KV is never used
+        return self.codec.block_checksum(block_id, algo) == want
 
     def copy_in(self, f: FetchedLoad, lo: int, hi: int) -> None:
         """Copy blocks lo..hi-1 of f, every layer, from the arena into the KV cache."""

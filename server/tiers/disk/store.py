@@ -8,7 +8,8 @@ durable `durability`, the start-up scan `recovery`, pins `pins` and the GC
 lease `gclock`.
 
 Integrity. Every read checks the header against the requested namespace/key/
-length and the payload against its CRC32; a failure raises CorruptBlock and
+length and the payload against its checksum (XXH3-64; CRC32 in files written
+by earlier daemons, see header.py); a failure raises CorruptBlock and
 moves the file to quarantine/ (a rename, so the evidence is kept), so a
 corrupt block is a miss, never data. A bad header found at open is
 quarantined the same way.
@@ -24,17 +25,18 @@ import errno
 import os
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from kvkeeper.client.arena_format import byte_view
+from kvkeeper.client.checksum import checksum as payload_checksum
 
 from .durability import DurableDirs, find_syncfs, fsync_dir, is_remote_fs
 from .errors import CorruptBlock, DiskIOError, NotStored, disk_io_error
 from .fileio import CLOEXEC, NOFOLLOW, RDONLY, pread_all, preadv_all, unlink_quiet, write_all
 from .gclock import GcLock
-from .header import HEADER_BYTES, HEADER_FIELDS_BYTES, check_ns_key, pack_header, parse_header
+from .header import (HEADER_BYTES, HEADER_FIELDS_BYTES, WRITE_ALGO, check_ns_key, pack_header,
+                     parse_header)
 from .layout import Layout, check_owner, make_dirs, recorded_fanout_levels, tmp_path
 from .pins import Pins
 from .recovery import SCAN_THREADS, RecoveryReport, clean_tmp, scan
@@ -136,7 +138,7 @@ class DiskStore:
         n = src.nbytes
         total = HEADER_BYTES + n
         path = self.block_path(ns, key)
-        head = pack_header(ns, key, n, zlib.crc32(src) & 0xFFFFFFFF)
+        head = pack_header(ns, key, n, payload_checksum(WRITE_ALGO, src), WRITE_ALGO)
         tmp = self._tmp_path()
         fd = -1
         renamed = False
@@ -239,7 +241,7 @@ class DiskStore:
                 raise self._io_error(e, what) from e
             if got != n:
                 self._corrupt(path, st, ns, key, "file shrank while being read")
-            if zlib.crc32(view) & 0xFFFFFFFF != h.crc:
+            if payload_checksum(h.algo, view) != h.checksum:
                 self._corrupt(path, st, ns, key, "payload checksum mismatch")
         finally:
             os.close(fd)
