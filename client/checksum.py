@@ -21,7 +21,7 @@ import xxhash
 
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
-__all__ = ["ALGOS", "DEFAULT", "NAMES", "byte_view", "crc32", "xxh3_64", "checksum",
+__all__ = ["ALGOS", "DEFAULT", "NAMES", "Hasher", "byte_view", "crc32", "xxh3_64", "checksum",
            "checksum_parts", "can_verify", "algo_of"]
 
 
@@ -65,19 +65,36 @@ def checksum(algo: int, buf: Any) -> int:
     return ALGOS[algo](buf)
 
 
+class Hasher:
+    """The checksum with one algorithm of bytes given piece by piece, in order
+    (CRC32 chained, XXH3-64 through its streaming state: the same value as
+    the one-shot function over the joined bytes). `pieces` counts updates."""
+
+    __slots__ = ("algo", "pieces", "_crc", "_xxh")
+
+    def __init__(self, algo: int) -> None:
+        if algo not in ALGOS:
+            raise KeyError(algo)
+        self.algo = algo
+        self.pieces = 0
+        self._crc = 0
+        self._xxh = xxhash.xxh3_64() if algo == pb.CHECKSUM_XXH3_64 else None
+
+    def update(self, buf: Any) -> None:
+        if self._xxh is not None:
+            self._xxh.update(byte_view(buf))
+        else:
+            self._crc = zlib.crc32(byte_view(buf), self._crc)
+        self.pieces += 1
+
+    def digest(self) -> int:
+        return self._xxh.intdigest() if self._xxh is not None else self._crc & 0xFFFFFFFF
+
+
 def checksum_parts(algo: int, parts: Iterable[Any]) -> int:
     """The checksum with `algo` of the concatenation of `parts` (C-contiguous
-    buffers, in order) without joining them: CRC32 chained, XXH3-64 through
-    its streaming state (the same value as the one-shot hash). KeyError if
-    `algo` is unknown."""
-    if algo == pb.CHECKSUM_CRC32:
-        crc = 0
-        for p in parts:
-            crc = zlib.crc32(byte_view(p), crc)
-        return crc & 0xFFFFFFFF
-    if algo == pb.CHECKSUM_XXH3_64:
-        h = xxhash.xxh3_64()
-        for p in parts:
-            h.update(byte_view(p))
-        return h.intdigest()
-    raise KeyError(algo)
+    buffers, in order) without joining them. KeyError if `algo` is unknown."""
+    h = Hasher(algo)
+    for p in parts:
+        h.update(p)
+    return h.digest()

@@ -15,8 +15,9 @@ any strides and any device (copy_ moves across devices).
 The direct load path skips the staging tensor: `copy_layer_in` copies one
 layer of each block straight from its source bytes (views of the daemon's
 shared-memory arena) into the KV tensors, one layer at a time so a layer's
-attention can start once that layer is in; `block_checksum` then checks the
-bytes that landed in the KV cache, so what vLLM reads is what was verified.
+attention can start once that layer is in. `block_checksum` hashes a block
+as it is in the KV cache, layer piece by layer piece (the loads check the
+bytes they copied from instead: load/copy_in.py).
 """
 from __future__ import annotations
 

@@ -14,9 +14,12 @@ block at a time by each kind:
   as the one-shot hash of the joined bytes;
 * crc32c (google-crc32c) and crc32c (crc32c package): hardware CRC32C
   (SSE4.2), each only where its package is installed (the `bench` extra);
-* copy+verify: np.copyto of the block then xxh3_64 of the destination, and
-  xxh3_64 of the source then np.copyto: what a verified load costs, hashing
-  where the bytes are hot in cache after (or before) the copy.
+* copy+verify, what a verified load costs: np.copyto of each block then
+  xxh3_64 of its destination (fused per block: hashed while hot in cache);
+  xxh3_64 of each source then np.copyto (on the source); and every block
+  copied, then every destination hashed (two passes, as a load that copies
+  all blocks in before checking them). Their GB/s are of block bytes copied
+  and checked.
 
 Baseline: `np.copyto` of each block into a preallocated array of the same
 shape, measured in the same repetitions. Kinds alternate order within each
@@ -37,12 +40,13 @@ from .sizes import BlockScale, size_label as _size_label
 
 PIECES = 6              # layers of issue 12's M2 model: a block is 6 per-layer pieces
 TARGET_GBPS = ">= 10"
+COPY_KINDS = ("copy_then_xxh3_dst", "xxh3_src_then_copy", "copy_all_then_xxh3_all")
 
 
 class Scale(BlockScale):
     """Block sizes and bytes as `bench data` (sizes.py); more repetitions, as
     one repetition here takes well under a second."""
-    FULL_REPS = 5
+    FULL_REPS = 9
 
 
 def _xxh3_pieces(block: np.ndarray) -> int:
@@ -99,8 +103,10 @@ class _SizeRun:
             self.kinds[kind] = self._timer(fn)
         self.kinds["copy_then_xxh3_dst"] = self.copy_then_hash
         self.kinds["xxh3_src_then_copy"] = self.hash_then_copy
-        self.labels["copy_then_xxh3_dst"] = "np.copyto, then xxh3_64 of the destination"
-        self.labels["xxh3_src_then_copy"] = "xxh3_64 of the source, then np.copyto"
+        self.kinds["copy_all_then_xxh3_all"] = self.copy_all_then_hash_all
+        self.labels["copy_then_xxh3_dst"] = "per block: np.copyto, then xxh3_64 of the destination"
+        self.labels["xxh3_src_then_copy"] = "per block: xxh3_64 of the source, then np.copyto"
+        self.labels["copy_all_then_xxh3_all"] = "np.copyto of every block, then xxh3_64 of each"
         self._check_incremental()
 
     def _check_incremental(self) -> None:
@@ -140,6 +146,15 @@ class _SizeRun:
             np.copyto(a, b)
         return time.perf_counter() - t0
 
+    def copy_all_then_hash_all(self) -> float:
+        h = xxhash.xxh3_64_intdigest
+        t0 = time.perf_counter()
+        for a, b in zip(self.outs, self.blocks):
+            np.copyto(a, b)
+        for a in self.outs:
+            h(a)
+        return time.perf_counter() - t0
+
     def measure(self, reps: int) -> Dict[str, List[float]]:
         times: Dict[str, List[float]] = {k: [] for k in self.kinds}
         for rep in range(reps + 1):   # rep 0 is the warm-up
@@ -160,13 +175,13 @@ def _results(run: _SizeRun, times: Dict[str, List[float]], scale: Scale) -> List
     for kind, value in gbps.items():
         if kind == "memcpy":
             continue
-        fused = kind in ("copy_then_xxh3_dst", "xxh3_src_then_copy")
+        fused = kind in COPY_KINDS
         out.append(Result(
             name=f"checksum.{kind}.gbps.{label}", value=value, unit="GB/s",
             baseline_name="np.copyto of the same blocks", baseline_value=gbps["memcpy"],
             better="higher", target=None if fused else TARGET_GBPS,
             target_of="value", params={**base, **({"pieces": PIECES} if "pieces" in kind else {})},
-            note=run.labels[kind] + ("; GB/s of block bytes copied and hashed" if fused else "")))
+            note=run.labels[kind] + ("; GB/s of block bytes copied and checked" if fused else "")))
     return out
 
 

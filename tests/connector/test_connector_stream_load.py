@@ -59,9 +59,11 @@ class FakeClient:
 
 
 def crc_check(codec: BlockCodec) -> Any:
-    def check(block_id: int, expected: Any) -> bool:
+    def check(block_id: int, expected: Any, source: Any) -> bool:
         algo, want = expected
-        return codec.block_checksum(block_id, algo) == want
+        landed = codec.block_checksum(block_id, algo)
+        assert checksum(algo, source.numpy()) == landed, "the source is what was copied"
+        return landed == want
     return check
 
 
@@ -87,7 +89,7 @@ def test_a_block_that_fails_its_check_is_returned() -> None:
     sums = [zlib.crc32(b) for b in stored(3, seed=1)]
     checked: List[int] = []
 
-    def check(block_id: int, expected: Any) -> bool:
+    def check(block_id: int, expected: Any, source: Any) -> bool:
         checked.append(block_id)
         return codec.block_checksum(block_id, pb.CHECKSUM_CRC32) == sums[[2, 3, 4].index(block_id)]
 

@@ -74,6 +74,12 @@ def worker(url: str, kv: Dict[str, torch.Tensor], transport: str = "auto", **cfg
                            checksum=c.checksum)
     w = WorkerSide(c, layout(), 0, link)
     w.register_kv_caches(kv, NUM_BLOCKS)
+    # register_kv_caches connects on the I/O thread; a load meanwhile finds the
+    # link "connecting" and misses. In vLLM a worker loads only after the
+    # scheduler got a hit, long after; here the first load may come at once.
+    deadline = time.monotonic() + 10.0
+    while w.usable and not link.connected and time.monotonic() < deadline:
+        time.sleep(0.01)
     return w
 
 

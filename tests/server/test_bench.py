@@ -95,7 +95,7 @@ def test_data_quick(capsys: pytest.CaptureFixture[str], tmp_path: "os.PathLike[s
 
 def test_checksum_quick(capsys: pytest.CaptureFixture[str]) -> None:
     items = run_cli(capsys, "checksum")
-    kinds = ["zlib_crc32", "xxh3_64", "xxh3_64_pieces", "copy_then_xxh3_dst", "xxh3_src_then_copy"]
+    kinds = ["zlib_crc32", "xxh3_64", "xxh3_64_pieces", *checksum_bench.COPY_KINDS]
     names = {f"checksum.{k}.gbps.{s}" for k in kinds for s in ("256KiB", "1MiB", "4MiB")}
     check_shape(items, "checksum", names)
     by = {r["name"]: r for r in items}
