@@ -229,7 +229,7 @@ class DiskTier:
             return ns.blocks.get(key) is not None and ns.blocks[key].state is BlockState.COMMITTED
         self.index.pin(entry)
         try:
-            await self._io(self._read_into_pages, ns, key, b)
+            algo, digest = await self._io(self._read_into_pages, ns, key, b)
         except (CorruptBlock, NotStored, DiskIOError) as e:
             log.warning("disk block unreadable, treated as a miss: %s", e)
             self.index.unpin(entry)
@@ -238,10 +238,12 @@ class DiskTier:
             return False
         self.index.unpin(entry)
         self.index.touch(entry)
-        self.ledger.commit(sid, r.reservation_id, self.clock(), owner=INTERNAL)
+        # The file's checksum is its writer's (DiskStore.write): readers check it again.
+        self.ledger.commit(sid, r.reservation_id, self.clock(), owner=INTERNAL,
+                           checksum_algo=algo, checksums=[digest])
         return True
 
-    def _read_into_pages(self, ns: Namespace, key: bytes, b: Block) -> None:
+    def _read_into_pages(self, ns: Namespace, key: bytes, b: Block) -> tuple[int, int]:
         # The pin file tells the GC owner (maybe another daemon) not to delete
         # the file while it is being read.
         owner = self.store.owner_id
@@ -249,11 +251,11 @@ class DiskTier:
         try:
             extents = self.arena.extents(b.pages, ns.pages_per_block, ns.block_bytes)
             if len(extents) == 1:
-                self.store.read_into(ns.id, key, self.arena.view(*extents[0]))
-            else:
-                buf = bytearray(ns.block_bytes)
-                self.store.read_into(ns.id, key, buf)
-                self.arena.write(extents, buf)
+                return self.store.read_into(ns.id, key, self.arena.view(*extents[0]))
+            buf = bytearray(ns.block_bytes)
+            checksum = self.store.read_into(ns.id, key, buf)
+            self.arena.write(extents, buf)
+            return checksum
         finally:
             self.store.unpin(ns.id, key, owner)
 
@@ -336,7 +338,7 @@ class DiskTier:
     def _write_from_pages(self, ns: Namespace, b: Block) -> None:
         extents = self.arena.extents(b.pages, ns.pages_per_block, ns.block_bytes)
         data = self.arena.view(*extents[0]) if len(extents) == 1 else self.arena.read(extents)
-        self.store.write(ns.id, b.key, data)
+        self.store.write(ns.id, b.key, data, b.checksum)
 
     async def _delete(self, where: tuple[bytes, bytes]) -> None:
         """Delete an evicted block's file: only the GC owner deletes, and never a

@@ -11,7 +11,7 @@ Block file format (little-endian), then the payload:
     32      8     payload length (u64)
     40      8     payload checksum (u64; a CRC32 in the low 32 bits)
     48      4     checksum algorithm (u32, as ChecksumAlgo in the API: 2 = XXH3-64,
-                  what this daemon writes; 1 = CRC32, what earlier ones wrote)
+                  1 = CRC32: what earlier daemons wrote, and older clients commit)
     52      2     key length (u16, 2..64)
     54      2     reserved, zero
     56      64    key, zero-padded
@@ -25,8 +25,9 @@ reads need that, and since KV blocks are multiples of 4 KiB the header costs
 exactly one filesystem block, as a 128-byte header pushing the payload's tail
 into one more block would too. Start-up reads only the first 128 bytes.
 
-Payloads are checksummed with XXH3-64 (memory speed; `kvkeeper bench
-checksum`); files written with CRC32 stay readable and are verified with it.
+The payload checksum is the block's writer's, as committed (DiskStore.write),
+else XXH3-64 (memory speed; `kvkeeper bench checksum`); files written with
+CRC32 stay readable and are verified with it.
 A daemon older than XXH3 support rejects an XXH3 file's header (quarantines
 it as corrupt: a miss, never bad data), so upgrade every daemon sharing a
 directory before new files are written. The header's own checksum stays
