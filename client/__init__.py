@@ -7,7 +7,7 @@ vLLM or torch, so it installs and runs on any host that can reach the daemon.
 from __future__ import annotations
 
 from .aio import AsyncClient
-from .checksum import ALGOS, crc32
+from .checksum import ALGOS, crc32, xxh3_64
 from .errors import (ChecksumError, DeadlineExceededError, FailedPreconditionError,
                      InvalidArgumentError, KVKeeperClientError, NotFoundError, OutOfRangeError,
                      ResourceExhaustedError, UnavailableError, from_rpc_error, is_session_lost)
@@ -22,6 +22,6 @@ __all__ = [
     "KVKeeperClientError", "NotFoundError", "FailedPreconditionError", "InvalidArgumentError",
     "ResourceExhaustedError", "UnavailableError", "OutOfRangeError", "DeadlineExceededError",
     "ChecksumError", "from_rpc_error", "is_session_lost",
-    "ALGOS", "crc32", "call_with_retry", "call_with_retry_sync",
+    "ALGOS", "crc32", "xxh3_64", "call_with_retry", "call_with_retry_sync",
     "KeeperURL", "parse_url", "to_grpc_target",
 ]

@@ -10,9 +10,10 @@ connector should not have to handle itself, each in a module of its own:
 * choosing the byte path: shared memory when the daemon's arena can be mapped
   (same host), gRPC streams otherwise, and falling back to streams when the
   arena goes away (transport.py);
-* checksums: CRC32 of every saved block goes to the daemon at commit and is
-  checked on every load, so corruption anywhere in between is caught
-  (checksum.py; saves.py, loads.py);
+* checksums: XXH3-64 (or CRC32) of every saved block goes to the daemon at
+  commit and is checked on every load with the algorithm the block was stored
+  with, so corruption anywhere in between is caught (checksum.py; saves.py,
+  loads.py);
 * the daemon's limits (max keys per call) and the caller's mistakes (wrong
   key or block sizes), checked before anything is sent (checks.py).
 
@@ -29,6 +30,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 from .auth import TLSLike, aio_channel, bearer_metadata
+from .checksum import DEFAULT as DEFAULT_CHECKSUM, algo_of
 from .errors import from_rpc_error
 from .leases import Leases, MatchResult
 from .loads import Loads
@@ -52,7 +54,6 @@ CHANNEL_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 500),
 ]
-_CHECKSUMS = {"crc32": pb.CHECKSUM_CRC32, "none": pb.CHECKSUM_NONE}
 
 
 class AsyncClient:
@@ -72,7 +73,7 @@ class AsyncClient:
         self._session = Session(channel, namespace, instance_id=instance_id, timeout=timeout,
                                 max_retries=max_retries, metadata=metadata,
                                 on_arena=transport.update)
-        algo = _CHECKSUMS[checksum]
+        algo = algo_of(checksum)
         self._loads = Loads(self._session, transport, algo)
         self._saves = Saves(self._session, transport, algo)
         self._leases = Leases(self._session, transport, self._loads)
@@ -81,23 +82,23 @@ class AsyncClient:
 
     @classmethod
     async def connect(cls, url: str, namespace: NamespaceLike, *, instance_id: str = "",
-                      timeout: float = 5.0, transport: str = "auto", checksum: str = "crc32",
-                      max_retries: int = 5, token: Optional[str] = None,
+                      timeout: float = 5.0, transport: str = "auto",
+                      checksum: str = DEFAULT_CHECKSUM, max_retries: int = 5, token: Optional[str] = None,
                       tls: TLSLike = None) -> "AsyncClient":
         """Open a channel to `url`, register a session and start heartbeats.
 
         timeout: deadline of every RPC, in seconds (a stream's deadline covers
         the whole stream). transport: "auto" maps the daemon's arena when it can
         and streams otherwise; "shm" fails here if the arena cannot be mapped;
-        "stream" never maps. checksum: "crc32" sends checksums at commit and
-        verifies them at load; "none" does neither. max_retries: retries of an
+        "stream" never maps. checksum: "xxh3" (the default) or "crc32" sends
+        that checksum at commit; loads verify each block with the algorithm it
+        was stored with (old CRC32 blocks too); "none" does neither. max_retries: retries of an
         idempotent call on UNAVAILABLE. token: bearer token sent with every call
         (daemons with auth.tokens_file). tls: None (plain), True (system roots) or
         kvkeeper.client.auth.TLS(ca_file, cert_file, key_file); see client/auth.py.
         """
         byte_path = Transport(transport)
-        if checksum not in _CHECKSUMS:
-            raise ValueError(f"checksum must be one of {tuple(_CHECKSUMS)}, got {checksum!r}")
+        algo_of(checksum)   # ValueError naming the choices, before anything connects
         if not timeout or timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         if max_retries < 0:

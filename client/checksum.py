@@ -2,8 +2,13 @@
 
 The daemon stores the checksum a writer gives at commit and hands it back with
 every load; only clients compute it, so a block corrupted anywhere in between
-(host tier, disk tier, transport) is caught by the reader. CRC32 comes with
-zlib, so it is the default; XXH3-64 is used only where `xxhash` is installed.
+(host tier, disk tier, transport) is caught by the reader. The default is
+XXH3-64 (`xxhash`): `kvkeeper bench checksum` measured it at memory speed
+(~15 GB/s here against ~2-3.5 GB/s for zlib's CRC32, and as fast as hardware
+CRC32C from google-crc32c/crc32c; a 64-bit hash also misses fewer
+corruptions). CRC32 stays computable, so blocks committed with it by older
+clients still verify: a reader always checks with the algorithm the block was
+stored with, whatever its own saves use.
 """
 from __future__ import annotations
 
@@ -11,16 +16,19 @@ from .arena_format import byte_view  # re-exported: callers take views from here
 
 import asyncio
 import zlib
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import xxhash
 
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 from .errors import ChecksumError
 
-__all__ = ["ALGOS", "byte_view", "crc32", "checksum", "can_verify", "checksums", "verify"]
+__all__ = ["ALGOS", "DEFAULT", "NAMES", "Hasher", "byte_view", "crc32", "xxh3_64", "checksum",
+           "checksum_parts", "can_verify", "algo_of", "checksums", "verify"]
 
-# Checksumming more than this many bytes runs in a worker thread (zlib drops
-# the GIL), so one large save or load does not stall heartbeats and other calls.
+# Checksumming more than this many bytes runs in a worker thread (zlib and xxhash
+# drop the GIL), so one large save or load does not stall heartbeats and other calls.
 OFFLOAD_BYTES = 4 << 20
 
 
@@ -29,20 +37,29 @@ def crc32(buf: Any) -> int:
     return zlib.crc32(byte_view(buf)) & 0xFFFFFFFF
 
 
-ALGOS: Dict[int, Callable[[Any], int]] = {pb.CHECKSUM_CRC32: crc32}
+def xxh3_64(buf: Any) -> int:
+    """XXH3-64 (seed 0) of any C-contiguous buffer, as an unsigned int."""
+    return xxhash.xxh3_64_intdigest(byte_view(buf))
+
+
+ALGOS: Dict[int, Callable[[Any], int]] = {pb.CHECKSUM_CRC32: crc32,
+                                          pb.CHECKSUM_XXH3_64: xxh3_64}
 """ChecksumAlgo value -> function(buffer) -> int, for the algorithms this process can compute."""
 
-try:  # optional: only if the environment already has it
-    import xxhash as _xxhash
+NAMES: Dict[str, int] = {"xxh3": pb.CHECKSUM_XXH3_64, "crc32": pb.CHECKSUM_CRC32,
+                         "none": pb.CHECKSUM_NONE}
+"""The names clients and the connector's kvkeeper_checksum accept -> ChecksumAlgo."""
 
-    def xxh3_64(buf: Any) -> int:
-        """XXH3-64 of any C-contiguous buffer."""
-        return _xxhash.xxh3_64_intdigest(byte_view(buf))
+DEFAULT = "xxh3"
+"""What saves use unless told otherwise."""
 
-    ALGOS[pb.CHECKSUM_XXH3_64] = xxh3_64
-    __all__.append("xxh3_64")
-except ImportError:  # pragma: no cover - depends on the environment
-    pass
+
+def algo_of(name: str) -> int:
+    """The ChecksumAlgo value of `name` (a NAMES key); ValueError naming the choices."""
+    try:
+        return NAMES[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"checksum must be one of {tuple(NAMES)}, got {name!r}") from None
 
 
 def can_verify(algo: int) -> bool:
@@ -53,6 +70,41 @@ def can_verify(algo: int) -> bool:
 def checksum(algo: int, buf: Any) -> int:
     """The checksum of `buf` with `algo` (a ChecksumAlgo value); KeyError if unknown."""
     return ALGOS[algo](buf)
+
+
+class Hasher:
+    """The checksum with one algorithm of bytes given piece by piece, in order
+    (CRC32 chained, XXH3-64 through its streaming state: the same value as
+    the one-shot function over the joined bytes). `pieces` counts updates."""
+
+    __slots__ = ("algo", "pieces", "_crc", "_xxh")
+
+    def __init__(self, algo: int) -> None:
+        if algo not in ALGOS:
+            raise KeyError(algo)
+        self.algo = algo
+        self.pieces = 0
+        self._crc = 0
+        self._xxh = xxhash.xxh3_64() if algo == pb.CHECKSUM_XXH3_64 else None
+
+    def update(self, buf: Any) -> None:
+        if self._xxh is not None:
+            self._xxh.update(byte_view(buf))
+        else:
+            self._crc = zlib.crc32(byte_view(buf), self._crc)
+        self.pieces += 1
+
+    def digest(self) -> int:
+        return self._xxh.intdigest() if self._xxh is not None else self._crc & 0xFFFFFFFF
+
+
+def checksum_parts(algo: int, parts: Iterable[Any]) -> int:
+    """The checksum with `algo` of the concatenation of `parts` (C-contiguous
+    buffers, in order) without joining them. KeyError if `algo` is unknown."""
+    h = Hasher(algo)
+    for p in parts:
+        h.update(p)
+    return h.digest()
 
 
 async def checksums(algos: Sequence[int], bufs: Sequence[Any]) -> List[Optional[int]]:

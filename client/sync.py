@@ -26,6 +26,7 @@ from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 from .aio import CHANNEL_OPTIONS, AsyncClient
 from .auth import TLSLike, bearer_metadata, sync_channel
+from .checksum import DEFAULT as DEFAULT_CHECKSUM
 from .errors import DeadlineExceededError, from_rpc_error
 from .leases import MatchResult
 from .retry import MAX_DELAY
@@ -81,8 +82,8 @@ class Client:
 
     @classmethod
     def connect(cls, url: str, namespace: NamespaceLike, *, instance_id: str = "",
-                timeout: float = 5.0, transport: str = "auto", checksum: str = "crc32",
-                max_retries: int = 5, call_timeout: Optional[float] = None,
+                timeout: float = 5.0, transport: str = "auto",
+                checksum: str = DEFAULT_CHECKSUM, max_retries: int = 5, call_timeout: Optional[float] = None,
                 token: Optional[str] = None, tls: TLSLike = None) -> "Client":
         """Start the loop thread and connect there (see AsyncClient.connect).
 

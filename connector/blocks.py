@@ -15,16 +15,18 @@ any strides and any device (copy_ moves across devices).
 The direct load path skips the staging tensor: `copy_layer_in` copies one
 layer of each block straight from its source bytes (views of the daemon's
 shared-memory arena) into the KV tensors, one layer at a time so a layer's
-attention can start once that layer is in; `block_checksum` then checks the
-bytes that landed in the KV cache, so what vLLM reads is what was verified.
+attention can start once that layer is in. `block_checksum` hashes a block
+as it is in the KV cache, layer piece by layer piece (the loads check the
+bytes they copied from instead: load/copy_in.py).
 """
 from __future__ import annotations
 
 import warnings
-import zlib
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
 import torch
+
+from kvkeeper.client.checksum import checksum_parts
 
 from .layout import KVLayout
 
@@ -210,25 +212,25 @@ class BlockCodec:
             part = part.view(1, *t.shape[1:]) if layer.split == 1 else part.permute(1, 0, 2, 3)
             self._block_slice(layer, bid).copy_(part)
 
-    def block_checksum(self, block_id: int, algo: Callable[[Any], int],
-                       crc32: bool) -> int:
-        """The checksum of vLLM block `block_id` as its block bytes would be
-        (every layer in logical order), read from the KV tensors. With
-        crc32=True `algo` is ignored and zlib's CRC32 is chained over the
-        layers without building the block; else the block is gathered first."""
-        if not crc32:
-            row = self.new_rows(1)
-            self.gather([block_id], row)
-            return algo(row[0].numpy())
-        crc = 0
+    def block_checksum(self, block_id: int, algo: int) -> int:
+        """The checksum with `algo` (a ChecksumAlgo value) of vLLM block
+        `block_id` as its block bytes would be (every layer in logical order),
+        read from the KV tensors one layer's piece at a time (CRC32 chained,
+        XXH3-64 streamed) without building the block. KeyError for an algo
+        this process cannot compute."""
+        return checksum_parts(algo, self._layer_pieces(block_id))
+
+    def _layer_pieces(self, block_id: int) -> Iterator[Any]:
+        """Block `block_id`'s bytes, layer by layer in logical [H, T, C] order:
+        views of the KV tensors where the layout allows (one kernel block per
+        vLLM block), else a copy of that one layer's piece."""
         for layer in self._layers:
             part = self._block_slice(layer, block_id).permute(1, 0, 2, 3)
             if not part.is_contiguous():
                 part = part.contiguous()
             if part.device.type != "cpu":
                 part = part.cpu()
-            crc = zlib.crc32(part.view(torch.uint8).reshape(-1).numpy(), crc)
-        return crc & 0xFFFFFFFF
+            yield part.view(torch.uint8).reshape(-1).numpy()
 
     def describe(self) -> Dict[str, object]:
         first = self._layers[0].tensor

@@ -14,7 +14,7 @@
 | kvkeeper_max_retries | 1 | retries of an idempotent RPC on UNAVAILABLE |
 | kvkeeper_reconnect_min_s / _max_s | 0.1 / 0.5 | after a failure, the daemon is probed at this interval (doubling from min to max) until it answers; meanwhile lookups are misses and saves are dropped |
 | kvkeeper_transport | auto | auto (shared memory on the daemon's host, else streaming), shm, stream |
-| kvkeeper_checksum | crc32 | crc32 or none |
+| kvkeeper_checksum | xxh3 | what saves send: xxh3 (XXH3-64, memory speed), crc32 or none; loads check every block with the algorithm it was stored with (none: loads are not checked) |
 | kvkeeper_model_id / kvkeeper_model_revision | from the model's files | override the namespace's model identity (see model_identity.py) |
 | kvkeeper_load_overlap | auto | where loaded blocks are copied in and checked. on: on a connector thread on the cores vLLM's CPU backend leaves to the rest of the engine, layer by layer beside the forward; off: before the forward, in vLLM's thread; auto: on with at least 2 such cores; with 1 (which the engine core's busy polling shares: "on" measured slower there) before the forward, the connector thread doing half of it beside vLLM's thread |
 | kvkeeper_max_pending_save_mib | 256 | copied-out blocks waiting to be sent; beyond, saves are dropped |
@@ -36,6 +36,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
+from kvkeeper.client.checksum import DEFAULT as DEFAULT_CHECKSUM, NAMES as CHECKSUM_NAMES
 from kvkeeper.client.url import parse_url
 
 __all__ = ["ConnectorConfig", "ConfigError", "KNOWN_KEYS"]
@@ -125,7 +126,7 @@ _SPEC: Dict[str, Tuple[str, Callable[[Any], Any], Any]] = {
     "kvkeeper_reconnect_min_s": ("reconnect_min_s", _pos, 0.1),
     "kvkeeper_reconnect_max_s": ("reconnect_max_s", _pos, 0.5),
     "kvkeeper_transport": ("transport", _choice("auto", "shm", "stream"), "auto"),
-    "kvkeeper_checksum": ("checksum", _choice("crc32", "none"), "crc32"),
+    "kvkeeper_checksum": ("checksum", _choice(*CHECKSUM_NAMES), DEFAULT_CHECKSUM),
     "kvkeeper_model_id": ("model_id", _text, None),
     "kvkeeper_model_revision": ("model_revision", _text, None),
     "kvkeeper_max_pending_save_mib": ("max_pending_save_bytes",
@@ -147,7 +148,7 @@ class ConnectorConfig:
     reconnect_min_s: float = 0.1
     reconnect_max_s: float = 0.5
     transport: str = "auto"
-    checksum: str = "crc32"
+    checksum: str = DEFAULT_CHECKSUM
     model_id: Optional[str] = None
     model_revision: Optional[str] = None
     max_pending_save_bytes: int = 256 << 20

@@ -46,6 +46,7 @@ from typing import Any, Callable, Mapping, Optional, TypeVar
 import grpc
 
 from kvkeeper.client import Client, KVKeeperClientError
+from kvkeeper.client.checksum import DEFAULT as DEFAULT_CHECKSUM
 
 __all__ = ["DaemonLink", "LinkDown", "is_transport_failure"]
 
@@ -92,7 +93,7 @@ class DaemonLink:
 
     def __init__(self, url: str, namespace: Mapping[str, Any], *, instance_id: str,
                  timeout: float, max_retries: int = 1, transport: str = "auto",
-                 checksum: str = "crc32", reconnect_min_s: float = 0.1,
+                 checksum: str = DEFAULT_CHECKSUM, reconnect_min_s: float = 0.1,
                  reconnect_max_s: float = 0.5, name: str = "kvkeeper",
                  connect: Optional[Callable[..., Any]] = None,
                  clock: Callable[[], float] = time.monotonic,

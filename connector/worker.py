@@ -5,7 +5,8 @@ blocks' place in the daemon's shared-memory arena, from the scheduler's
 leased Match or one of this worker's own; or, without a mapped arena, the
 lease streamed into the KV cache), then the blocks are copied straight from
 the arena into the paged KV tensors, layer by layer, and each block's
-checksum is computed over the bytes that landed in the KV cache. Where that
+checksum is computed over the bytes it was copied from, right after the
+copy (load/copy_in.py says why there). Where that
 work runs is the LoadStrategy chosen once, when the KV cache is registered
 (load/strategy.py: beside the forward, halves, or inline).
 

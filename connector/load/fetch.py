@@ -121,7 +121,7 @@ class Fetcher:
             # bits: copy and check the block before the forward, not beside it.
             last = m - 1
             loader.copy_in(f, last, m)
-            f.checked[last] = loader.block_ok(spec.block_ids[last], sums[last])
+            f.checked[last] = loader.fetched_ok(f, last)
             f.copy_n = last
         return f
 

@@ -7,8 +7,8 @@ view of the received message, no copy); the calling thread takes them as
 they come (Client.load_chunks) and copies each block straight from the
 message into the paged KV tensors, layer by layer (BlockCodec.copy_layer_in,
 as the shared-memory path copies from the arena), then checks the block's
-checksum over the bytes that landed in the KV cache, as the shared-memory
-path does, while the next blocks are still on the wire. A block larger
+checksum over the bytes it was copied from, as the shared-memory path does
+(copy_in.py), while the next blocks are still on the wire. A block larger
 than one chunk (the daemon sends at most 1 MiB per chunk) is gathered in a
 staging row first, then copied the same way.
 
@@ -37,11 +37,12 @@ def _copy_block(codec: BlockCodec, block_id: int, src: torch.Tensor) -> None:
 
 
 def load_streamed(client: Any, codec: BlockCodec, lease_id: int, block_ids: Sequence[int],
-                  check: Callable[[int, Tuple[int, int]], bool],
+                  check: Callable[[int, Tuple[int, int], torch.Tensor], bool],
                   timings: Optional[LoadTimings] = None) -> Tuple[int, List[int]]:
     """Stream lease `lease_id` into vLLM blocks `block_ids` (its leading
     len(block_ids) blocks; later ones are received and dropped). check(block
-    id, (checksum_algo, checksum)) says whether a copied block is intact.
+    id, (checksum_algo, checksum), the bytes copied from) says whether a
+    copied block is intact.
     Returns (leading blocks loaded and intact, lease positions that failed
     their check). Raises if the stream fails or leaves a block incomplete.
     timings, if given, gets the seconds until the first chunk came
@@ -59,7 +60,7 @@ def load_streamed(client: Any, codec: BlockCodec, lease_id: int, block_ids: Sequ
         nonlocal busy
         t = time.perf_counter()
         _copy_block(codec, block_ids[i], src)
-        intact[i] = check(block_ids[i], sums.get(i, (0, 0)))
+        intact[i] = check(block_ids[i], sums.get(i, (0, 0)), src)
         busy += time.perf_counter() - t
 
     for ch in client.load_chunks(lease_id):

@@ -1,6 +1,6 @@
-"""`kvkeeper bench`: the ledger, control-plane, data-plane, disk and GC benchmarks.
+"""`kvkeeper bench`: the ledger, control-plane, checksum, data-plane, disk and GC benchmarks.
 
-    kvkeeper bench {ledger,control,data,disk,gc,ttft,stream-hit,all} [--json] [--quick] [--out FILE]
+    kvkeeper bench {ledger,control,checksum,data,disk,gc,ttft,stream-hit,all} [--json] [--quick] [--out FILE]
                    [--engine-python PATH]
 
 Every result carries its baseline, measured again in the same run side by

@@ -18,6 +18,7 @@ from .result import Result
 BENCH_MODULES = {  # what `all` runs, in this order
     "ledger": "kvkeeper.server.bench.ledger_bench",
     "control": "kvkeeper.server.bench.control_bench",
+    "checksum": "kvkeeper.server.bench.checksum_bench",
     "data": "kvkeeper.server.bench.data_bench",
     "disk": "kvkeeper.server.bench.disk_bench",
     "gc": "kvkeeper.server.bench.gc_bench",

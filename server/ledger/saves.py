@@ -187,8 +187,12 @@ class Saves:
         self.renew(res.session, now)
         return committed
 
-    def commit_internal(self: "Ledger", rid: int, now: float) -> int:
-        return self._commit(self._open_reservation(self.internal, rid, now), now, 0, ())
+    def commit_internal(self: "Ledger", rid: int, now: float,
+                        checksum: Optional[tuple[int, int]] = None) -> int:
+        """Commit the daemon's own reservation (a promotion), with the block's
+        (algorithm, value) where the tier it came from kept one."""
+        algo, sums = (checksum[0], [checksum[1]]) if checksum else (0, ())
+        return self._commit(self._open_reservation(self.internal, rid, now), now, algo, sums)
 
     def _commit(self: "Ledger", res: Reservation, now: float, checksum_algo: int,
                 checksums: Sequence[int]) -> int:

@@ -42,8 +42,11 @@ from ..ledger.units import ceil_div
 from .arena import Arena
 from .disk import CorruptBlock, NotStored, TierError, check_ns_key
 
-__all__ = ["ArenaBackend", "ArenaLoc", "BlockStore", "CorruptBlock", "NotStored", "Reach",
+__all__ = ["ArenaBackend", "ArenaLoc", "BlockStore", "Checksum", "CorruptBlock", "NotStored", "Reach",
            "TierError", "check_size", "copy_block"]
+
+# A block's (ChecksumAlgo value, checksum) as its writer committed it.
+Checksum = tuple[int, int]
 
 L = TypeVar("L")
 
@@ -72,14 +75,19 @@ class BlockStore(Protocol[L]):
         """Where block (ns, key) of nbytes > 0 lives; no I/O. ValueError if invalid."""
         ...
 
-    def write(self, loc: L, data: Any) -> int:
+    def write(self, loc: L, data: Any, checksum: Optional[Checksum] = None) -> int:
         """Store exactly loc's nbytes from `data` (any C-contiguous buffer),
-        replacing what was there. Returns the bytes the tier now uses for it."""
+        replacing what was there. Returns the bytes the tier now uses for it.
+        checksum: the block's (algorithm, value) as its writer committed it; a
+        tier that keeps checksums with its bytes (the disk) stores it, one
+        whose checksums the ledger keeps (the arena) ignores it."""
         ...
 
-    def read_into(self, loc: L, out: Any) -> None:
+    def read_into(self, loc: L, out: Any) -> Optional[Checksum]:
         """Copy the block into `out`, a writable buffer of exactly its size
-        (ValueError otherwise, before any I/O)."""
+        (ValueError otherwise, before any I/O). Returns the checksum the tier
+        kept with the block (checked against it where the tier checks), None
+        where it keeps none."""
         ...
 
     def discard(self, loc: L) -> int:
@@ -97,18 +105,20 @@ class BlockStore(Protocol[L]):
 
 
 def copy_block(src: BlockStore[Any], src_loc: Any, dst: BlockStore[Any], dst_loc: Any,
-               nbytes: int) -> None:
+               nbytes: int, checksum: Optional[Checksum] = None) -> Optional[Checksum]:
     """Move one block's bytes from `src` to `dst` in one copy where either side
-    offers a view, through one bounce buffer otherwise."""
+    offers a view, through one bounce buffer otherwise. `checksum` goes to
+    `dst` with the bytes; returns the checksum `src` kept (None if none)."""
     into = dst.view(dst_loc)
     if into is not None:
-        src.read_into(src_loc, into)
-        return
+        return src.read_into(src_loc, into)
+    kept = None
     out = src.view(src_loc)
     if out is None:
         out = memoryview(bytearray(nbytes))
-        src.read_into(src_loc, out)
-    dst.write(dst_loc, out)
+        kept = src.read_into(src_loc, out)
+    dst.write(dst_loc, out, checksum if checksum is not None else kept)
+    return kept
 
 
 def check_size(what: str, got: int, nbytes: int) -> None:
@@ -152,16 +162,17 @@ class ArenaBackend:
         n_pages = ceil_div(nbytes, self.arena.page_bytes)
         return ArenaLoc(tuple(self.arena.extents(pages, n_pages, nbytes)), nbytes)
 
-    def write(self, loc: ArenaLoc, data: Any) -> int:
+    def write(self, loc: ArenaLoc, data: Any, checksum: Optional[Checksum] = None) -> int:
         src = byte_view(data)
         check_size("data", src.nbytes, loc.nbytes)
         self.arena.write(loc.extents, src)
         return loc.nbytes
 
-    def read_into(self, loc: ArenaLoc, out: Any) -> None:
+    def read_into(self, loc: ArenaLoc, out: Any) -> Optional[Checksum]:
         dst = byte_view(out, writable=True)
         check_size("out", dst.nbytes, loc.nbytes)
         self.arena.read_into(loc.extents, dst)
+        return None  # the ledger keeps the arena's checksums
 
     def discard(self, loc: ArenaLoc) -> int:
         return 0  # the pages are the ledger's to free and reuse

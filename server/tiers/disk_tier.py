@@ -26,7 +26,7 @@ from ..ids import DISK, TierName
 from ..ledger import Ledger
 from ..ledger.disk_index import DiskIndex
 from ..ledger.pages import Pages
-from .backend import BlockStore, Reach, check_size, copy_block
+from .backend import BlockStore, Checksum, Reach, check_size, copy_block
 from .disk import (DiskFull, DiskIOError, DiskStore, RecoveryReport, TierError, VerifyReport,
                    check_ns_key)
 from .stack import TierCounter
@@ -89,15 +89,15 @@ class DiskBackend:
             raise ValueError(f"a block has at least one byte, got nbytes={nbytes}")
         return DiskLoc(ns, key, nbytes)
 
-    def write(self, loc: DiskLoc, data: Any) -> int:
+    def write(self, loc: DiskLoc, data: Any, checksum: Optional[Checksum] = None) -> int:
         src = byte_view(data)
         check_size("data", src.nbytes, loc.nbytes)
-        return self.store.write(loc.ns, loc.key, src)
+        return self.store.write(loc.ns, loc.key, src, checksum)
 
-    def read_into(self, loc: DiskLoc, out: Any) -> None:
+    def read_into(self, loc: DiskLoc, out: Any) -> Optional[Checksum]:
         dst = byte_view(out, writable=True)
         check_size("out", dst.nbytes, loc.nbytes)
-        self.store.read_into(loc.ns, loc.key, dst)
+        return self.store.read_into(loc.ns, loc.key, dst)
 
     def discard(self, loc: DiskLoc) -> int:
         return self.store.delete(loc.ns, loc.key)
@@ -173,21 +173,24 @@ class DiskTier:
             return None
         return self.store.indexed_bytes(ns, key) if found else None
 
-    def read_into(self, loc: DiskLoc, dst: BlockStore[Any], dst_loc: Any) -> None:
-        """Copy a stored block into another tier (blocking). TierError when the
-        copy is unreadable: NotStored (gone), CorruptBlock, DiskIOError."""
+    def read_into(self, loc: DiskLoc, dst: BlockStore[Any], dst_loc: Any) -> Optional[Checksum]:
+        """Copy a stored block into another tier (blocking); returns the checksum
+        its writer committed, which the file keeps. TierError when the copy is
+        unreadable: NotStored (gone), CorruptBlock, DiskIOError."""
         # The pin file tells the GC owner (maybe another daemon) not to delete
         # the file while it is being read.
         owner = self.store.owner_id
         self.store.pin(loc.ns, loc.key, owner, PIN_TTL_S)
         try:
-            copy_block(self.backend, loc, dst, dst_loc, loc.nbytes)
+            return copy_block(self.backend, loc, dst, dst_loc, loc.nbytes)
         finally:
             self.store.unpin(loc.ns, loc.key, owner)
 
-    def write_from(self, src: BlockStore[Any], src_loc: Any, loc: DiskLoc) -> None:
-        """Store a block copied from another tier (blocking); DiskIOError on failure."""
-        copy_block(src, src_loc, self.backend, loc, loc.nbytes)
+    def write_from(self, src: BlockStore[Any], src_loc: Any, loc: DiskLoc,
+                   checksum: Optional[Checksum] = None) -> None:
+        """Store a block copied from another tier with its writer's checksum
+        (blocking); DiskIOError on failure."""
+        copy_block(src, src_loc, self.backend, loc, loc.nbytes, checksum)
 
     @staticmethod
     def refusal(e: TierError) -> ClientError:

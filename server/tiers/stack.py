@@ -37,7 +37,7 @@ from ..ledger import (Block, BlockState, Copy, Holding, Lease, Ledger, MatchResu
                       TierStats)
 from ..ledger.views import copies, holdings, tier_stats
 from .arena import Arena
-from .backend import ArenaBackend, BlockStore, CorruptBlock, TierError
+from .backend import ArenaBackend, BlockStore, Checksum, CorruptBlock, TierError
 
 log = logging.getLogger("kvkeeper.stack")
 
@@ -64,8 +64,9 @@ class LowerTier(Protocol):
     async def io(self, fn: Callable[..., Any], *args: Any) -> Any: ...
     def loc(self, ns: bytes, key: bytes, nbytes: int) -> Any: ...
     async def probe(self, ns: bytes, key: bytes) -> Optional[int]: ...
-    def read_into(self, loc: Any, dst: BlockStore[Any], dst_loc: Any) -> None: ...
-    def write_from(self, src: BlockStore[Any], src_loc: Any, loc: Any) -> None: ...
+    def read_into(self, loc: Any, dst: BlockStore[Any], dst_loc: Any) -> Optional[Checksum]: ...
+    def write_from(self, src: BlockStore[Any], src_loc: Any, loc: Any,
+                   checksum: Optional[Checksum] = None) -> None: ...
     def refusal(self, e: TierError) -> ClientError: ...
     async def forget(self, where: tuple[bytes, bytes]) -> None: ...
     async def maintain(self) -> None: ...
@@ -206,8 +207,8 @@ class TierStack:
         assert r.reservation_id is not None
         book.pin(entry)
         try:
-            await tier.io(tier.read_into, tier.loc(ns.id, key, ns.block_bytes), self.host,
-                          self._host_loc(b))
+            kept = await tier.io(tier.read_into, tier.loc(ns.id, key, ns.block_bytes), self.host,
+                                 self._host_loc(b))
         except TierError as e:
             log.warning("%s block unreadable, treated as a miss: %s", tier.name, e)
             book.unpin(entry)
@@ -216,7 +217,8 @@ class TierStack:
             return False
         book.unpin(entry)
         book.touch(entry)
-        L.commit_internal(r.reservation_id, self.clock())
+        # The lower tier kept its writer's checksum: readers check the block again.
+        L.commit_internal(r.reservation_id, self.clock(), kept)
         return True
 
     def _host_loc(self, b: Block) -> Any:
@@ -278,7 +280,7 @@ class TierStack:
             await tier.forget(where)
         try:
             await tier.io(tier.write_from, self.host, self._host_loc(b),
-                          tier.loc(ns.id, b.key, ns.block_bytes))
+                          tier.loc(ns.id, b.key, ns.block_bytes), b.checksum)
         except TierError as e:
             book.failed(res.entry)
             tier.flush_failures += 1

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from kvkeeper.client import (AsyncClient, ChecksumError, Client, KVKeeperClientError,
-                             NotFoundError, crc32)
+                             NotFoundError, crc32, xxh3_64)
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 
@@ -243,8 +243,8 @@ async def test_save_match_load_roundtrip(fake_daemon):
         r = await c.save(keys, [bytearray(b) for b in blocks])
         assert (r.reserved, r.present, r.committed) == (4, 6, 4)
         stored = fake_daemon.fake.blocks
-        assert all(stored[k][0] == b and stored[k][1] == pb.CHECKSUM_CRC32
-                   and stored[k][2] == zlib.crc32(b) for k, b in zip(keys, blocks))
+        assert all(stored[k][0] == b and stored[k][1] == pb.CHECKSUM_XXH3_64   # the default
+                   and stored[k][2] == xxh3_64(b) for k, b in zip(keys, blocks))
 
         m = await c.match(keys + [key(99)])
         assert (m.matched, m.lease_id, len(m.tiers)) == (10, None, 10)
@@ -281,6 +281,43 @@ async def test_checksum_mismatch_lists_bad_blocks(fake_daemon):
         assert len(await c.load(m.lease_id)) == 3
         await c.save([key(50)], [block(50)])
         assert fake_daemon.fake.blocks[key(50)][1:] == (pb.CHECKSUM_NONE, 0)
+
+
+async def test_blocks_verify_with_the_algorithm_they_were_stored_with(fake_daemon):
+    """A block saved by an old-config client (CRC32) loads and verifies in a
+    client that saves XXH3-64, and the other way round; a corrupted block is
+    refused whichever algorithm it was stored with."""
+    url, tr = fake_daemon.url, fake_daemon.transport
+    old_keys, new_keys = [key(i) for i in range(3)], [key(10 + i) for i in range(3)]
+    old_blocks, new_blocks = [block(i) for i in range(3)], [block(10 + i) for i in range(3)]
+    async with await AsyncClient.connect(url, NS, transport=tr, checksum="crc32") as old:
+        await old.save(old_keys, old_blocks)
+    stored = fake_daemon.fake.blocks
+    assert [stored[k][1:] for k in old_keys] == [(pb.CHECKSUM_CRC32, crc32(b))
+                                                 for b in old_blocks]
+    async with await AsyncClient.connect(url, NS, transport=tr) as new:
+        await new.save(new_keys, new_blocks)
+        assert all(stored[k][1] == pb.CHECKSUM_XXH3_64 for k in new_keys)
+        m = await new.match(old_keys, lease=True)
+        assert await new.load(m.lease_id) == old_blocks
+        for k in (old_keys[2], new_keys[1]):
+            fake_daemon.fake.corrupt.add(k)
+        for keys, bad in ((old_keys, [2]), (new_keys, [1])):
+            m = await new.match(keys, lease=True)
+            with pytest.raises(ChecksumError) as info:
+                await new.load(m.lease_id)
+            assert info.value.bad_indices == bad
+            outs = [np.zeros(BB, np.uint8) for _ in range(3)]
+            with pytest.raises(ChecksumError) as info:
+                await new.load_into(m.lease_id, outs)
+            assert info.value.bad_indices == bad
+    async with await AsyncClient.connect(url, NS, transport=tr, checksum="crc32") as old:
+        m = await old.match(new_keys, lease=True)
+        with pytest.raises(ChecksumError) as info:   # a CRC32 client checks XXH3 blocks too
+            await old.load(m.lease_id)
+        assert info.value.bad_indices == [1]
+    with pytest.raises(ValueError, match="xxh3"):
+        await AsyncClient.connect(url, NS, transport=tr, checksum="md5")
 
 
 async def test_validation_before_sending(fake_daemon):
@@ -321,7 +358,7 @@ async def test_stream_chunks_respect_limits():
         async with await AsyncClient.connect(d.url, big) as c:
             await c.save([key(2)], [np.frombuffer(data, np.float32)])  # any buffer
             assert max(d.fake.write_sizes) == 1 << 20
-            assert d.fake.blocks[key(2)][2] == crc32(data)
+            assert d.fake.blocks[key(2)][2] == xxh3_64(data)
     finally:
         d.stop()
 
@@ -437,7 +474,7 @@ def _chunked(chunks):
 
 
 def _expected_heads(blocks):
-    return [(i, off, pb.CHECKSUM_CRC32 if off == 0 else 0, zlib.crc32(b) if off == 0 else 0)
+    return [(i, off, pb.CHECKSUM_XXH3_64 if off == 0 else 0, xxh3_64(b) if off == 0 else 0)
             for i, b in enumerate(blocks) for off in range(0, BB, 1000)]
 
 

@@ -8,9 +8,11 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (it comes with vllm)")
 
+from kvkeeper.client.checksum import checksum  # noqa: E402
 from kvkeeper.connector.blocks import BlockCodec, LayoutMismatch  # noqa: E402
 from kvkeeper.connector.layout import (KVLayout, UnsupportedLayout, layout_from_config,  # noqa: E402
                                        namespace_descriptor)
+from kvkeeper.v1 import kvkeeper_pb2 as pb  # noqa: E402
 
 
 class FullAttentionSpec(SimpleNamespace):
@@ -123,6 +125,28 @@ def test_gather_scatter_round_trip(split: int, permute: bool, dtype) -> None:
     again = b.new_rows(3)
     b.gather(ids_dst, again)
     assert torch.equal(rows, again)
+
+
+@pytest.mark.parametrize("algo", [pb.CHECKSUM_CRC32, pb.CHECKSUM_XXH3_64])
+@pytest.mark.parametrize("split", [1, 2])
+@pytest.mark.parametrize("permute", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_block_checksum_is_the_checksum_of_the_block_bytes(algo: int, split: int, permute: bool,
+                                                            dtype) -> None:
+    """Computed from the KV tensors layer by layer (CRC32 chained, XXH3 streamed):
+    the value a client computes over the whole block's bytes at save."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    lay = KVLayout(layer_names=("l0", "l1", "l2"), num_heads=2, block_tokens=32,
+                   content_bytes=64 * elem, dtype=str(dtype).replace("torch.", ""),
+                   physical="LBHNC", spec_kind="FullAttentionSpec")
+    codec = BlockCodec(lay, kv_tensors(lay, 6, split=split, permute=permute, dtype=dtype), 6)
+    rows = codec.new_rows(6)
+    codec.gather(list(range(6)), rows)
+    sums = [checksum(algo, rows[i].numpy()) for i in range(6)]
+    assert len(set(sums)) == 6
+    assert [codec.block_checksum(i, algo) for i in range(6)] == sums
+    with pytest.raises(KeyError):
+        codec.block_checksum(0, pb.CHECKSUM_NONE)
 
 
 def test_block_bytes_are_layers_in_order_each_in_logical_hnc_order() -> None:

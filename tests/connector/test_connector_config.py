@@ -68,3 +68,11 @@ def test_reconnect_defaults_are_short_and_a_high_min_lifts_the_max() -> None:
     c = parse()
     assert c.reconnect_min_s <= c.reconnect_max_s <= 0.5
     assert parse(kvkeeper_reconnect_min_s=3).reconnect_max_s == 3.0
+
+
+def test_checksum_defaults_to_xxh3_and_crc32_and_none_stay() -> None:
+    assert parse().checksum == "xxh3"
+    assert [parse(kvkeeper_checksum=v).checksum for v in ("xxh3", "crc32", "none")] == \
+        ["xxh3", "crc32", "none"]
+    with pytest.raises(ConfigError, match="xxh3, crc32, none"):
+        parse(kvkeeper_checksum="XXH3")

@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (it comes wi
 
 from test_connector_blocks import LAYOUT, kv_tensors  # noqa: E402
 
+from kvkeeper.client.checksum import checksum  # noqa: E402
 from kvkeeper.client.wire import Chunk  # noqa: E402
 from kvkeeper.connector.blocks import BlockCodec  # noqa: E402
 from kvkeeper.connector.load.stream import load_streamed  # noqa: E402
@@ -37,8 +38,9 @@ class FakeClient:
     mid-stream like a broken connection."""
 
     def __init__(self, blocks: List[bytes], chunk: int = BB, shuffle: bool = False,
-                 fail_after: int = -1) -> None:
+                 fail_after: int = -1, algo: int = pb.CHECKSUM_CRC32) -> None:
         self.blocks, self.chunk, self.shuffle, self.fail_after = blocks, chunk, shuffle, fail_after
+        self.algo = algo
 
     def load_chunks(self, lease_id: int) -> Iterator[Chunk]:
         out = []
@@ -46,8 +48,8 @@ class FakeClient:
             for off in range(0, BB, self.chunk):
                 first = off == 0
                 out.append(Chunk(i, off, memoryview(b[off:off + self.chunk]).toreadonly(),
-                                 pb.CHECKSUM_CRC32 if first else 0,
-                                 zlib.crc32(b) if first else 0))
+                                 self.algo if first else 0,
+                                 checksum(self.algo, b) if first else 0))
         if self.shuffle:
             random.Random(7).shuffle(out)
         for k, ch in enumerate(out):
@@ -57,18 +59,21 @@ class FakeClient:
 
 
 def crc_check(codec: BlockCodec) -> Any:
-    def check(block_id: int, expected: Any) -> bool:
+    def check(block_id: int, expected: Any, source: Any) -> bool:
         algo, want = expected
-        return codec.block_checksum(block_id, zlib.crc32, True) == want
+        landed = codec.block_checksum(block_id, algo)
+        assert checksum(algo, source.numpy()) == landed, "the source is what was copied"
+        return landed == want
     return check
 
 
+@pytest.mark.parametrize("algo", [pb.CHECKSUM_CRC32, pb.CHECKSUM_XXH3_64])
 @pytest.mark.parametrize("chunk,shuffle", [(BB, False), (BB, True), (1000, False), (1000, True)])
-def test_streamed_blocks_land_in_the_kv_cache(chunk: int, shuffle: bool) -> None:
+def test_streamed_blocks_land_in_the_kv_cache(chunk: int, shuffle: bool, algo: int) -> None:
     data = stored(3, seed=1)
     kv = kv_tensors(LAYOUT, NUM_BLOCKS, seed=2)
     codec = BlockCodec(LAYOUT, kv, NUM_BLOCKS)
-    good, bad = load_streamed(FakeClient(data, chunk, shuffle), codec, 1, [5, 0, 6],
+    good, bad = load_streamed(FakeClient(data, chunk, shuffle, algo=algo), codec, 1, [5, 0, 6],
                               crc_check(codec))
     assert (good, bad) == (3, [])
     rows = codec.new_rows(3)
@@ -84,9 +89,9 @@ def test_a_block_that_fails_its_check_is_returned() -> None:
     sums = [zlib.crc32(b) for b in stored(3, seed=1)]
     checked: List[int] = []
 
-    def check(block_id: int, expected: Any) -> bool:
+    def check(block_id: int, expected: Any, source: Any) -> bool:
         checked.append(block_id)
-        return codec.block_checksum(block_id, zlib.crc32, True) == sums[[2, 3, 4].index(block_id)]
+        return codec.block_checksum(block_id, pb.CHECKSUM_CRC32) == sums[[2, 3, 4].index(block_id)]
 
     assert load_streamed(cl, codec, 1, [2, 3, 4], check) == (1, [1])
     assert checked == [2, 3, 4]

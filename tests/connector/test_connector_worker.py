@@ -70,9 +70,16 @@ def placement(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
 def worker(url: str, kv: Dict[str, torch.Tensor], transport: str = "auto", **cfg):
     c = ConnectorConfig(url=url, reconnect_min_s=0.2, reconnect_max_s=0.5, **cfg)
     link = DaemonLink(url, namespace(), instance_id="worker-test", timeout=2.0,
-                           reconnect_min_s=0.2, reconnect_max_s=0.5, transport=transport)
+                           reconnect_min_s=0.2, reconnect_max_s=0.5, transport=transport,
+                           checksum=c.checksum)
     w = WorkerSide(c, layout(), 0, link)
     w.register_kv_caches(kv, NUM_BLOCKS)
+    # register_kv_caches connects on the I/O thread; a load meanwhile finds the
+    # link "connecting" and misses. In vLLM a worker loads only after the
+    # scheduler got a hit, long after; here the first load may come at once.
+    deadline = time.monotonic() + 10.0
+    while w.usable and not link.connected and time.monotonic() < deadline:
+        time.sleep(0.01)
     return w
 
 
@@ -172,6 +179,47 @@ def test_a_corrupt_block_is_reported_and_dropped(daemon: DaemonProcess, placemen
     finally:
         a.shutdown()
         b.shutdown()
+
+
+def stored_algos(w, ks) -> list:
+    """The checksum algorithm each stored block of `ks` was committed with."""
+    m = w.link.call(lambda c: c.match(list(ks), lease=True, blocks=True), "lookup")
+    try:
+        assert m.matched == len(ks) and len(m.blocks) == len(ks)
+        return [r.checksum_algo for r in m.blocks]
+    finally:
+        w.link.call(lambda c: c.release(m.lease_id), "release")
+
+
+@pytest.mark.parametrize("transport", ["auto", "stream"])
+def test_crc32_blocks_of_an_old_config_load_and_corrupt_xxh3_is_refused(
+        daemon: DaemonProcess, placement: str, transport: str) -> None:
+    """Blocks saved by a connector configured before XXH3 (kvkeeper_checksum
+    crc32) load and verify in one with the default; a corrupt XXH3 block is
+    refused with everything after it."""
+    from kvkeeper.v1 import kvkeeper_pb2 as pb
+
+    src, dst = tensors(1), tensors(2)
+    old, new = worker(daemon.url, src, checksum="crc32"), worker(daemon.url, src)
+    b = worker(daemon.url, dst, transport)
+    try:
+        ks_old, ks_new = keys(3, salt=7), keys(3, salt=8)
+        save(old, ks_old, [0, 1, 2])
+        save(new, ks_new, [3, 4, 5])
+        assert stored_algos(new, ks_old) == [pb.CHECKSUM_CRC32] * 3
+        assert stored_algos(new, ks_new) == [pb.CHECKSUM_XXH3_64] * 3
+        errors, wm = load(b, ks_old, [6, 7, 8])
+        assert errors == set() and wm.loads_done == {1: {0: (3, ())}}
+        for name in ("l0", "l1"):
+            for s, d in ((0, 6), (1, 7), (2, 8)):
+                assert torch.equal(dst[name][d], src[name][s])
+        corrupt_stored_block(daemon.socket_path, namespace(), ks_new[1])
+        errors, wm = load(b, ks_new, [9, 10, 11], load_id=2)
+        assert errors == {10, 11} and wm.loads_done == {2: {0: (1, (1,))}}
+        assert b.take_stats().data["checksum_errors"] == 1
+    finally:
+        for w in (old, new, b):
+            w.shutdown()
 
 
 def test_daemon_down_means_every_block_recomputed_and_saves_dropped(daemon: DaemonProcess) -> None:

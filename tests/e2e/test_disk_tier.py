@@ -125,6 +125,35 @@ async def test_write_back_is_flushed_on_shutdown(daemon_factory: Any, disk_dir: 
     await c.close()
 
 
+async def test_promoted_blocks_carry_their_writers_checksum(daemon_factory: Any,
+                                                           disk_dir: str) -> None:
+    """A block back from disk is verified by its reader with the checksum its
+    writer committed (kept in the file): XXH3-64, or CRC32 from an old-config
+    client."""
+    import xxhash
+    import zlib
+
+    a = await daemon_factory(**disk_cfg(disk_dir))
+    new, old = await connect(a), await connect(a, checksum="crc32")
+    ks, bs = keys(4, salt=7), blocks(4, seed=7)
+    await new.save(ks[:2], bs[:2])
+    await old.save(ks[2:], bs[2:])
+    await new.close()
+    await old.close()
+    await a.stop(0)
+
+    b = await daemon_factory(**disk_cfg(disk_dir))
+    c = await connect(b, transport="shm")
+    m = await c.match(ks, lease=True, blocks=True)
+    assert m.matched == 4 and m.tiers == [pb.TIER_DISK] * 4
+    assert [(r.checksum_algo, r.checksum) for r in m.blocks] == \
+        [(pb.CHECKSUM_XXH3_64, xxhash.xxh3_64_intdigest(x)) for x in bs[:2]] + \
+        [(pb.CHECKSUM_CRC32, zlib.crc32(x)) for x in bs[2:]]
+    assert await c.load(m.lease_id) == bs   # verified with those
+    await c.release(m.lease_id)
+    await c.close()
+
+
 async def test_corrupt_byte_on_disk_is_a_miss(daemon_factory: Any, disk_dir: str) -> None:
     a = await daemon_factory(**disk_cfg(disk_dir))
     c = await connect(a)

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from kvkeeper.server import bench
-from kvkeeper.server.bench import control_bench, data_bench, gc_bench, ledger_bench
+from kvkeeper.server.bench import checksum_bench, control_bench, data_bench, gc_bench, ledger_bench
 from kvkeeper.server.bench.result import Result, parse_target, percentile, render_table
 from kvkeeper.server.cli import main as cli_main
 
@@ -83,13 +83,27 @@ def test_data_quick(capsys: pytest.CaptureFixture[str], tmp_path: "os.PathLike[s
     assert "data.shm.save_gbps.256KiB" in table and "targets met" in table
     with open(out) as fh:
         items = json.load(fh)
-    names = {f"data.{k}.{d}_gbps.{s}" for k in ("shm", "stream", "shm_crc32")
+    names = {f"data.{k}.{d}_gbps.{s}" for k in ("shm", "stream", "shm_xxh3", "shm_crc32")
              for d in ("save", "load") for s in ("256KiB", "1MiB", "4MiB")}
     check_shape(items, "data", names)
     by = {r["name"]: r for r in items}
     assert by["data.shm.load_gbps.1MiB"]["target"] == ">= 0.6"
     assert by["data.stream.save_gbps.4MiB"]["target"] == ">= 0.8"
     assert by["data.shm_crc32.load_gbps.4MiB"]["target"] is None
+    assert by["data.shm_xxh3.load_gbps.4MiB"]["params"]["checksum"] == "xxh3"
+
+
+def test_checksum_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    items = run_cli(capsys, "checksum")
+    kinds = ["zlib_crc32", "xxh3_64", "xxh3_64_pieces", *checksum_bench.COPY_KINDS]
+    names = {f"checksum.{k}.gbps.{s}" for k in kinds for s in ("256KiB", "1MiB", "4MiB")}
+    check_shape(items, "checksum", names)
+    by = {r["name"]: r for r in items}
+    assert by["checksum.xxh3_64.gbps.1MiB"]["target"] == ">= 10"
+    assert by["checksum.xxh3_64.gbps.1MiB"]["target_of"] == "value"
+    assert by["checksum.xxh3_64_pieces.gbps.4MiB"]["params"]["pieces"] == checksum_bench.PIECES
+    assert by["checksum.copy_then_xxh3_dst.gbps.256KiB"]["target"] is None
+    assert "checksum" in bench.BENCHES
 
 
 def test_disk_quick(capsys: pytest.CaptureFixture[str]) -> None:

@@ -21,18 +21,20 @@ from __future__ import annotations
 from .durability import is_remote_fs
 from .errors import CorruptBlock, DiskFull, DiskIOError, NotStored, TierError
 from .gclock import GcLock, LockHolder
-from .header import (CHECKSUM_CRC32, FORMAT_VERSION, HEADER_BYTES, HEADER_FIELDS_BYTES,
-                     HEADER_STRUCT, MAGIC, MAX_KEY_BYTES, MIN_KEY_BYTES, NS_BYTES, Header,
-                     check_ns_key, pack_header, parse_header)
+from .header import (CHECKSUM_CRC32, CHECKSUM_XXH3_64, FORMAT_VERSION, HEADER_BYTES,
+                     HEADER_FIELDS_BYTES, HEADER_STRUCT, MAGIC, MAX_KEY_BYTES, MIN_KEY_BYTES,
+                     NS_BYTES, PAYLOAD_ALGOS, WRITE_ALGO, Header, check_ns_key, pack_header,
+                     parse_header)
 from .layout import BLOCK_SUFFIX, DEFAULT_FANOUT_LEVELS, TMP_SUFFIX, check_owner
 from .recovery import RecoveryReport
 from .store import DiskStore
 from .verify import VerifyReport
 
 __all__ = [
-    "BLOCK_SUFFIX", "CHECKSUM_CRC32", "DEFAULT_FANOUT_LEVELS", "FORMAT_VERSION", "HEADER_BYTES",
-    "HEADER_FIELDS_BYTES", "HEADER_STRUCT", "MAGIC", "MAX_KEY_BYTES", "MIN_KEY_BYTES", "NS_BYTES",
-    "TMP_SUFFIX", "CorruptBlock", "DiskFull", "DiskIOError", "DiskStore", "GcLock", "Header",
-    "LockHolder", "NotStored", "RecoveryReport", "TierError", "VerifyReport", "check_ns_key",
-    "check_owner", "is_remote_fs", "pack_header", "parse_header",
+    "BLOCK_SUFFIX", "CHECKSUM_CRC32", "CHECKSUM_XXH3_64", "DEFAULT_FANOUT_LEVELS", "FORMAT_VERSION",
+    "HEADER_BYTES", "HEADER_FIELDS_BYTES", "HEADER_STRUCT", "MAGIC", "MAX_KEY_BYTES",
+    "MIN_KEY_BYTES", "NS_BYTES", "PAYLOAD_ALGOS", "TMP_SUFFIX", "WRITE_ALGO", "CorruptBlock",
+    "DiskFull", "DiskIOError", "DiskStore", "GcLock", "Header", "LockHolder", "NotStored",
+    "RecoveryReport", "TierError", "VerifyReport", "check_ns_key", "check_owner", "is_remote_fs",
+    "pack_header", "parse_header",
 ]

@@ -9,8 +9,9 @@ Block file format (little-endian), then the payload:
     12      4     header size (u32, = HEADER_BYTES = 4096; the payload starts here)
     16      16    namespace digest
     32      8     payload length (u64)
-    40      8     payload checksum (u64; CRC32 in the low 32 bits)
-    48      4     checksum algorithm (u32; 1 = CRC32, as ChecksumAlgo in the API)
+    40      8     payload checksum (u64; a CRC32 in the low 32 bits)
+    48      4     checksum algorithm (u32, as ChecksumAlgo in the API: 2 = XXH3-64,
+                  1 = CRC32: what earlier daemons wrote, and older clients commit)
     52      2     key length (u16, 2..64)
     54      2     reserved, zero
     56      64    key, zero-padded
@@ -23,6 +24,14 @@ A file's size is exactly HEADER_BYTES + payload length. The payload starts at
 reads need that, and since KV blocks are multiples of 4 KiB the header costs
 exactly one filesystem block, as a 128-byte header pushing the payload's tail
 into one more block would too. Start-up reads only the first 128 bytes.
+
+The payload checksum is the block's writer's, as committed (DiskStore.write),
+else XXH3-64 (memory speed; `kvkeeper bench checksum`); files written with
+CRC32 stay readable and are verified with it.
+A daemon older than XXH3 support rejects an XXH3 file's header (quarantines
+it as corrupt: a miss, never bad data), so upgrade every daemon sharing a
+directory before new files are written. The header's own checksum stays
+CRC32: it covers 124 bytes.
 """
 from __future__ import annotations
 
@@ -34,7 +43,10 @@ MAGIC = b"KVKBLOCK"
 FORMAT_VERSION = 1
 HEADER_BYTES = 4096         # where the payload starts: page-aligned (see the docstring)
 HEADER_FIELDS_BYTES = 128  # the fields; the rest of the header is zero
-CHECKSUM_CRC32 = 1  # the API's ChecksumAlgo.CHECKSUM_CRC32
+CHECKSUM_CRC32 = 1    # the API's ChecksumAlgo.CHECKSUM_CRC32
+CHECKSUM_XXH3_64 = 2  # the API's ChecksumAlgo.CHECKSUM_XXH3_64
+PAYLOAD_ALGOS = (CHECKSUM_CRC32, CHECKSUM_XXH3_64)  # what a header may name
+WRITE_ALGO = CHECKSUM_XXH3_64                       # what new files use
 NS_BYTES = 16
 MIN_KEY_BYTES, MAX_KEY_BYTES = 2, 64
 # magic, version, header size, ns, payload length, checksum, algo, key length,
@@ -45,9 +57,13 @@ _HEADER_CRC_AT = HEADER_FIELDS_BYTES - 4
 _HEADER_PAD = bytes(HEADER_BYTES - HEADER_FIELDS_BYTES)
 
 
-def pack_header(ns: bytes, key: bytes, payload_bytes: int, crc: int) -> bytes:
-    head = HEADER_STRUCT.pack(MAGIC, FORMAT_VERSION, HEADER_BYTES, ns, payload_bytes, crc,
-                              CHECKSUM_CRC32, len(key), 0, key, 0, 0)
+def pack_header(ns: bytes, key: bytes, payload_bytes: int, checksum: int,
+                algo: int = WRITE_ALGO) -> bytes:
+    """The header of a block file whose payload has `checksum` under `algo`."""
+    if algo not in PAYLOAD_ALGOS:
+        raise ValueError(f"payload checksum algorithm {algo} is not one of {PAYLOAD_ALGOS}")
+    head = HEADER_STRUCT.pack(MAGIC, FORMAT_VERSION, HEADER_BYTES, ns, payload_bytes, checksum,
+                              algo, len(key), 0, key, 0, 0)
     return (head[:_HEADER_CRC_AT] + struct.pack("<I", zlib.crc32(head[:_HEADER_CRC_AT]))
             + _HEADER_PAD)
 
@@ -56,7 +72,8 @@ class Header(NamedTuple):
     ns: bytes
     key: bytes
     payload_bytes: int
-    crc: int
+    checksum: int
+    algo: int       # CHECKSUM_CRC32 or CHECKSUM_XXH3_64: how `checksum` was computed
 
 
 def parse_header(raw: bytes) -> Header | None:
@@ -66,10 +83,11 @@ def parse_header(raw: bytes) -> Header | None:
     (magic, version, hsize, ns, plen, crc, algo, klen, _r16, key, _r32,
      hcrc) = HEADER_STRUCT.unpack(raw)
     if (magic != MAGIC or version != FORMAT_VERSION or hsize != HEADER_BYTES
-            or algo != CHECKSUM_CRC32 or not MIN_KEY_BYTES <= klen <= MAX_KEY_BYTES
-            or crc > 0xFFFFFFFF or zlib.crc32(raw[:_HEADER_CRC_AT]) != hcrc):
+            or algo not in PAYLOAD_ALGOS or not MIN_KEY_BYTES <= klen <= MAX_KEY_BYTES
+            or (algo == CHECKSUM_CRC32 and crc > 0xFFFFFFFF)
+            or zlib.crc32(raw[:_HEADER_CRC_AT]) != hcrc):
         return None
-    return Header(ns, key[:klen], plen, crc)
+    return Header(ns, key[:klen], plen, crc, algo)
 
 
 def check_ns_key(ns: Any, key: Any) -> tuple[bytes, bytes]:

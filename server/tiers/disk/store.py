@@ -8,7 +8,8 @@ durable `durability`, the start-up scan `recovery`, pins `pins` and the GC
 lease `gclock`.
 
 Integrity. Every read checks the header against the requested namespace/key/
-length and the payload against its CRC32; a failure raises CorruptBlock and
+length and the payload against its checksum (XXH3-64; CRC32 in files written
+by earlier daemons, see header.py); a failure raises CorruptBlock and
 moves the file to quarantine/ (a rename, so the evidence is kept), so a
 corrupt block is a miss, never data. A bad header found at open is
 quarantined the same way.
@@ -24,17 +25,18 @@ import errno
 import os
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from kvkeeper.client.arena_format import byte_view
+from kvkeeper.client.checksum import checksum as payload_checksum
 
 from .durability import DurableDirs, find_syncfs, fsync_dir, is_remote_fs
 from .errors import CorruptBlock, DiskIOError, NotStored, disk_io_error
 from .fileio import CLOEXEC, NOFOLLOW, RDONLY, pread_all, preadv_all, unlink_quiet, write_all
 from .gclock import GcLock
-from .header import HEADER_BYTES, HEADER_FIELDS_BYTES, check_ns_key, pack_header, parse_header
+from .header import (HEADER_BYTES, HEADER_FIELDS_BYTES, PAYLOAD_ALGOS, WRITE_ALGO, check_ns_key,
+                     pack_header, parse_header)
 from .layout import Layout, check_owner, make_dirs, recorded_fanout_levels, tmp_path
 from .pins import Pins
 from .recovery import SCAN_THREADS, RecoveryReport, clean_tmp, scan
@@ -128,15 +130,27 @@ class DiskStore:
 
     # ------------------------------------------------------------ write
 
-    def write(self, ns: bytes, key: bytes, data: Any) -> int:
+    def write(self, ns: bytes, key: bytes, data: Any,
+              checksum: tuple[int, int] | None = None) -> int:
         """Store `data` as the block (ns, key), durably; returns bytes on disk.
-        Writing an existing key replaces it (the last rename wins)."""
+        Writing an existing key replaces it (the last rename wins).
+
+        checksum: the block's (algorithm, value) as its writer committed it;
+        where it is one a header may name (XXH3-64, CRC32) the file keeps it
+        as its payload checksum instead of hashing the payload again, so a
+        block read back carries the writer's own checksum to its readers (a
+        wrong one only makes the file fail its read: a miss). Else the payload
+        is hashed with XXH3-64."""
         ns, key = check_ns_key(ns, key)
         src = byte_view(data)
         n = src.nbytes
         total = HEADER_BYTES + n
         path = self.block_path(ns, key)
-        head = pack_header(ns, key, n, zlib.crc32(src) & 0xFFFFFFFF)
+        if checksum is not None and checksum[0] in PAYLOAD_ALGOS:
+            algo, digest = checksum
+        else:
+            algo, digest = WRITE_ALGO, payload_checksum(WRITE_ALGO, src)
+        head = pack_header(ns, key, n, digest, algo)
         tmp = self._tmp_path()
         fd = -1
         renamed = False
@@ -188,19 +202,21 @@ class DiskStore:
 
     # ------------------------------------------------------------ read
 
-    def read_into(self, ns: bytes, key: bytes, out: Any) -> None:
+    def read_into(self, ns: bytes, key: bytes, out: Any) -> tuple[int, int]:
         """Read the block's payload straight into `out`, a writable buffer of
-        exactly its size. On CorruptBlock the content of `out` is undefined."""
+        exactly its size; returns the (algorithm, value) it was verified
+        against. On CorruptBlock the content of `out` is undefined."""
         dst = byte_view(out, writable=True)
-        self._read(ns, key, dst)
+        return self._read(ns, key, dst)[1]
 
     def read(self, ns: bytes, key: bytes) -> bytes:
         """The block's payload."""
-        data = self._read(ns, key, None)
+        data = self._read(ns, key, None)[0]
         assert data is not None
         return data
 
-    def _read(self, ns: Any, key: Any, dst: memoryview | None) -> bytes | None:
+    def _read(self, ns: Any, key: Any,
+              dst: memoryview | None) -> tuple[bytes | None, tuple[int, int]]:
         ns, key = check_ns_key(ns, key)
         path = self.block_path(ns, key)
         what = f"reading a block"
@@ -239,7 +255,7 @@ class DiskStore:
                 raise self._io_error(e, what) from e
             if got != n:
                 self._corrupt(path, st, ns, key, "file shrank while being read")
-            if zlib.crc32(view) & 0xFFFFFFFF != h.crc:
+            if payload_checksum(h.algo, view) != h.checksum:
                 self._corrupt(path, st, ns, key, "payload checksum mismatch")
         finally:
             os.close(fd)
@@ -247,7 +263,7 @@ class DiskStore:
             self.bytes_read += n
             if self._index.get((ns, key)) != n:
                 self._record(ns, key, n)
-        return data
+        return data, (h.algo, h.checksum)
 
     def _corrupt(self, path: str, st: os.stat_result, ns: bytes, key: bytes, why: str) -> None:
         with self._lock:

@@ -96,7 +96,7 @@ async def test_inspect_block(daemon: Any) -> None:
         assert (copy.tier, copy.state, copy.refs, copy.hits, copy.bytes) == \
             (pb.TIER_HOST, "committed", 1, 1, BLOCK)
         assert copy.idle_seconds >= 0
-        assert r.checksum_algo == pb.CHECKSUM_CRC32
+        assert r.checksum_algo == pb.CHECKSUM_XXH3_64   # the client default
         await c.release(m.lease_id)
         r = await stub.InspectBlock(apb.InspectBlockRequest(namespace_id=nsid, key=ks[0]))
         assert r.copies[0].refs == 0

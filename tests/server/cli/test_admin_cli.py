@@ -77,7 +77,7 @@ async def test_inspect(capsys: Any, daemon: Any, client: Any) -> None:
     nsid, key = client.namespace_id.hex(), keys(3)[1].hex()
     rc, out, err = await cli(capsys, "inspect", nsid, key, "--url", url(daemon))
     assert (rc, err) == (0, "")
-    assert key in out and nsid in out and "committed" in out and "crc32" in out
+    assert key in out and nsid in out and "committed" in out and "checksum xxh3_64 0x" in out
     rc, out, _ = await cli(capsys, "inspect", nsid, key, "--url", url(daemon), "--json")
     d = json.loads(out)
     assert [(c["tier"], c["state"], c["refs"]) for c in d["copies"]] == [("host", "committed", 0)]

@@ -236,3 +236,29 @@ def test_block_written_by_a_is_found_by_b(tmp_path):
     with pytest.raises(NotStored):
         b.read(NS, key(1))
     assert not b.contains(NS, key(1)) and len(b) == 1
+
+
+def test_a_writers_checksum_is_kept_and_checked(tmp_path):
+    """write(checksum=(algo, value)) keeps the writer's checksum as the file's
+    (no second hash); read_into returns it; a wrong one makes the read fail."""
+    import zlib
+
+    import xxhash
+
+    from kvkeeper.v1 import kvkeeper_pb2 as pb
+
+    s = open_store(tmp_path)
+    payload = data(64 * KiB, 3)
+    xxh = xxhash.xxh3_64_intdigest(payload)
+    s.write(NS, key(1), payload, (pb.CHECKSUM_XXH3_64, xxh))
+    s.write(NS, key(2), payload, (pb.CHECKSUM_CRC32, zlib.crc32(payload)))
+    s.write(NS, key(3), payload)                              # none given: XXH3 of the payload
+    s.write(NS, key(4), payload, (pb.CHECKSUM_NONE, 0))       # none to keep: likewise
+    out = bytearray(64 * KiB)
+    assert s.read_into(NS, key(1), out) == (pb.CHECKSUM_XXH3_64, xxh) and out == payload
+    assert s.read_into(NS, key(2), out) == (pb.CHECKSUM_CRC32, zlib.crc32(payload))
+    assert s.read_into(NS, key(3), out) == s.read_into(NS, key(4), out) == (pb.CHECKSUM_XXH3_64, xxh)
+    s.write(NS, key(5), payload, (pb.CHECKSUM_XXH3_64, xxh ^ 1))   # not these bytes' checksum
+    with pytest.raises(CorruptBlock):
+        s.read_into(NS, key(5), out)
+    assert s.checksum_failures == 1
