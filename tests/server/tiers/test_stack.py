@@ -15,6 +15,7 @@ from kvkeeper.server.ledger import Ledger, LedgerConfig, NamespaceDescriptor, Ti
 from kvkeeper.server.tiers.arena import HEADER_BYTES, Arena
 from kvkeeper.server.tiers.backend import CorruptBlock, NotStored, Reach, TierError, copy_block
 from kvkeeper.server.tiers.stack import TierStack
+from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 PAGE = 4096
 MEM = TierName("mem")
@@ -28,6 +29,7 @@ class MemoryBackend:
     def __init__(self) -> None:
         self.data: dict[tuple[bytes, bytes], bytes] = {}
         self.corrupt: set[bytes] = set()
+        self.sums: dict[tuple, Optional[tuple]] = {}   # kept with the bytes, as a disk does
 
     def used_bytes(self) -> int:
         return sum(map(len, self.data.values()))
@@ -35,16 +37,18 @@ class MemoryBackend:
     def locate(self, ns: bytes, key: bytes, nbytes: int, pages: Any = None) -> tuple:
         return (ns, key, nbytes)
 
-    def write(self, loc: tuple, data: Any) -> int:
+    def write(self, loc: tuple, data: Any, checksum: Optional[tuple] = None) -> int:
         self.data[loc[:2]] = byte_view(data).tobytes()
+        self.sums[loc[:2]] = checksum
         return loc[2]
 
-    def read_into(self, loc: tuple, out: Any) -> None:
+    def read_into(self, loc: tuple, out: Any) -> Optional[tuple]:
         if loc[1] in self.corrupt:
             raise CorruptBlock("damaged for the test")
         if loc[:2] not in self.data:
             raise NotStored("not here")
         byte_view(out, writable=True)[:] = self.data[loc[:2]]
+        return self.sums.get(loc[:2])
 
     def discard(self, loc: tuple) -> int:
         return len(self.data.pop(loc[:2], b""))
@@ -74,11 +78,11 @@ class MemoryTier:
     async def probe(self, ns: bytes, key: bytes) -> Optional[int]:
         return None
 
-    def read_into(self, loc: tuple, dst: Any, dst_loc: Any) -> None:
-        copy_block(self.backend, loc, dst, dst_loc, loc[2])
+    def read_into(self, loc: tuple, dst: Any, dst_loc: Any) -> Optional[tuple]:
+        return copy_block(self.backend, loc, dst, dst_loc, loc[2])
 
-    def write_from(self, src: Any, src_loc: Any, loc: tuple) -> None:
-        copy_block(src, src_loc, self.backend, loc, loc[2])
+    def write_from(self, src: Any, src_loc: Any, loc: tuple, checksum: Optional[tuple] = None) -> None:
+        copy_block(src, src_loc, self.backend, loc, loc[2], checksum)
 
     def refusal(self, e: TierError) -> ClientError:
         return Unavailable(str(e))
@@ -118,12 +122,13 @@ def key(i: int) -> bytes:
     return i.to_bytes(32, "big")
 
 
-async def save(led: Ledger, stack: TierStack, s: Any, ks: list[bytes]) -> None:
+async def save(led: Ledger, stack: TierStack, s: Any, ks: list[bytes], algo: int = 0) -> None:
     r = led.reserve(s.id, ks, 1.0)
     for k, b in zip(ks, r.blocks):
         if b is not None:
             stack.host.write(stack.host.locate(s.ns.id, k, PAGE, b.pages), k[-1:] * PAGE)
-    led.commit(s.id, r.reservation_id, 1.0)
+    sums = [1000 + k[-1] for k, b in zip(ks, r.blocks) if b is not None] if algo else []
+    led.commit(s.id, r.reservation_id, 1.0, checksum_algo=algo, checksums=sums)
     await stack.committed(s.ns, [k for k, b in zip(ks, r.blocks) if b is not None])
 
 
@@ -143,6 +148,20 @@ async def test_write_through_then_promotion_of_an_evicted_block(arena) -> None:
     assert stats[MEM].hit_blocks == 1 and stats[MEM].hit_tokens == 4
     assert stats[HOST].hit_blocks == 0
     assert not led.internal.leases and not led.internal.reservations
+    led.check_invariants()
+
+
+async def test_a_promoted_block_keeps_its_writers_checksum(arena) -> None:
+    # Readers verify a block with the checksum its writer committed: the lower
+    # tier keeps it with the bytes, and promotion hands it back to the ledger.
+    led, stack, tier, s = build(arena)
+    await save(led, stack, s, [key(1)], algo=pb.CHECKSUM_XXH3_64)
+    assert tier.backend.sums[(s.ns.id, key(1))] == (pb.CHECKSUM_XXH3_64, 1001)
+    await save(led, stack, s, [key(i) for i in range(2, 6)], algo=pb.CHECKSUM_XXH3_64)
+    assert led.block(s.ns.id, key(1)) is None
+    m = await stack.match(s.id, [key(1)], lease=True)
+    assert m.tiers == [MEM]
+    assert led.leases[m.lease_id].blocks[0].checksum == (pb.CHECKSUM_XXH3_64, 1001)
     led.check_invariants()
 
 
