@@ -30,13 +30,24 @@ wraps kvkeeper.client.Client for that:
 * `close` closes the session with a short deadline (the daemon frees its
   leases at once, not after the lease TTL) and is also run at interpreter
   exit for links still open, so an engine that shuts down without calling
-  the connector's shutdown() frees its leases too.
+  the connector's shutdown() frees its leases too;
+* and on SIGTERM or SIGINT, before the handler that was there: vLLM's
+  engine core takes SIGTERM as the request to stop, and its front end
+  SIGKILLs it right after (vLLM's shutdown_timeout is 0 by default, "mode
+  abort"), while it still waits for its workers: it never reaches its
+  scheduler's shutdown, nor the interpreter's exit. A link made in a
+  process's main thread chains that close in front of the signals'
+  handlers (vLLM installs its own before it builds the scheduler). In a
+  draining shutdown (shutdown_timeout > 0) the requests still running then
+  recompute what they would have loaded.
 """
 from __future__ import annotations
 
 import atexit
 import logging
+import os
 import queue
+import signal
 import threading
 import time
 import weakref
@@ -66,6 +77,8 @@ _TRANSPORT_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEED
 CLOSE_TIMEOUT_S = 0.5
 
 _open_links: "weakref.WeakSet[DaemonLink]" = weakref.WeakSet()
+_CLOSE_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_hooked_pid = 0     # the process whose signal handlers close the links (forks re-hook)
 
 
 class LinkDown(Exception):
@@ -126,6 +139,7 @@ class DaemonLink:
         self._wait = wait           # wait(event, seconds) -> whether it was set
         self.probes = 0             # probes made (tests, logs)
         _open_links.add(self)
+        _close_on_signals()
 
     # ---- state
 
@@ -369,3 +383,38 @@ def _close_open_links() -> None:
     exits without the connector's shutdown): their leases are freed now."""
     for link in list(_open_links):
         link.close()
+
+
+def _close_links_soon(timeout: float) -> None:
+    """Close the open links on another thread, waiting at most `timeout` (plus
+    a little): a signal handler runs in the main thread, which may have been
+    interrupted while holding a link's lock."""
+    t = threading.Thread(target=_close_open_links, name="kvkeeper-signal-close", daemon=True)
+    t.start()
+    t.join(timeout + 0.1)
+
+
+def _chained(previous: Any) -> Callable[[int, Any], None]:
+    def handler(signum: int, frame: Any) -> None:
+        _close_links_soon(CLOSE_TIMEOUT_S)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:   # SIG_DFL (or None: not set from Python)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+    return handler
+
+
+def _close_on_signals() -> None:
+    """Once per process, from its main thread (the only one that may set
+    handlers): close the open links on _CLOSE_SIGNALS, then run the handler
+    that was there."""
+    global _hooked_pid
+    if _hooked_pid == os.getpid() or threading.current_thread() is not threading.main_thread():
+        return
+    _hooked_pid = os.getpid()
+    for sig in _CLOSE_SIGNALS:
+        try:
+            signal.signal(sig, _chained(signal.getsignal(sig)))
+        except (ValueError, OSError) as e:   # e.g. an embedding interpreter
+            log.debug("kvkeeper: cannot close sessions on %s: %s", sig.name, e)

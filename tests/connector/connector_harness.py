@@ -56,9 +56,10 @@ class DaemonProcess:
     """`kvkeeper serve` on a unix socket, as a subprocess that tests may kill."""
 
     def __init__(self, socket_path: str, capacity: str = "128MiB", page: str = "64KiB",
-                 log_path: Optional[str] = None, metrics: str = "") -> None:
+                 log_path: Optional[str] = None, metrics: str = "", tcp: str = "") -> None:
         self.socket_path = socket_path
         self.metrics = metrics  # "host:port" of /metrics; "" disables it
+        self.tcp = tcp          # "host:port" to listen on besides the socket; "" for none
         self.url = f"unix://{socket_path}"
         self.capacity = capacity
         self.page = page
@@ -72,7 +73,7 @@ class DaemonProcess:
         log = open(self.log_path, "a")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kvkeeper.server.cli", "serve", "--socket", self.socket_path,
-             "--tcp", "", "--metrics", self.metrics, "--capacity", self.capacity,
+             "--tcp", self.tcp, "--metrics", self.metrics, "--capacity", self.capacity,
              "--page-size", self.page, "--set", f"host_tier.name={name}"],
             stdout=log, stderr=subprocess.STDOUT)
         log.close()

@@ -247,25 +247,51 @@ def test_while_the_breaker_is_open_calls_are_refused_without_running() -> None:
     assert fake.closed_with == [CLOSE_TIMEOUT_S] and CLOSE_TIMEOUT_S <= 1.0
 
 
-def test_links_left_open_are_closed_at_interpreter_exit(tmp_path) -> None:
-    """An engine that exits without the connector's shutdown still closes its
-    sessions (the daemon frees their leases at once)."""
+def run_with_open_link(closed_path, before: str = "", after: str = "") -> int:
+    """Exit status of a Python process that runs `before`, opens a DaemonLink
+    (a fake client whose close writes its timeout to closed_path), then runs `after`."""
     import subprocess
     import sys
 
-    out = tmp_path / "closed"
     code = f"""
+{before}
 from kvkeeper.connector.link import DaemonLink
 class C:
     session_id = "s"; transport = "fake"
     def close(self, timeout=None):
-        open({str(out)!r}, "w").write(repr(timeout))
+        open({str(closed_path)!r}, "w").write(repr(timeout))
 link = DaemonLink("unix:///nowhere", {{"model_id": "m", "block_bytes": 1}}, instance_id="t",
                   timeout=1.0, connect=lambda *a, **k: C())
 link.call(lambda c: None, "connect")
+{after}
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    print(r.stderr[-2000:])
+    return r.returncode
+
+
+def test_links_left_open_are_closed_at_interpreter_exit(tmp_path) -> None:
+    """An engine that exits without the connector's shutdown still closes its
+    sessions (the daemon frees their leases at once)."""
+    out = tmp_path / "closed"
+    assert run_with_open_link(out) == 0
+    assert out.read_text() == "0.5"
+
+
+@pytest.mark.parametrize("previous", ["exit", "default"])
+def test_sigterm_closes_open_links_before_the_previous_handler(tmp_path, previous: str) -> None:
+    """vLLM's engine core is SIGKILLed right after its SIGTERM handler ran, before
+    its scheduler's shutdown and atexit: the close must come first. "exit": a
+    handler set before the link (as vLLM sets its own) that ends the process
+    without atexit; "default": none, the signal then kills the process as usual."""
+    import signal
+
+    out = tmp_path / "closed"
+    before = ("import os, signal, time\n"
+              + ("signal.signal(signal.SIGTERM, lambda s, f: os._exit(7))"
+                 if previous == "exit" else ""))
+    rc = run_with_open_link(out, before, "os.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(30)")
+    assert rc == (7 if previous == "exit" else -signal.SIGTERM)
     assert out.read_text() == "0.5"
 
 

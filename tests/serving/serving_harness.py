@@ -27,7 +27,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 HERE = Path(__file__).resolve().parent
 VLLM_SERVE = HERE / "vllm_serve.py"
@@ -38,6 +38,8 @@ STOP_GRACE_S = 30.0
 # The README's URL of the quick start's daemon (its default socket, ./kvkeeper.sock),
 # relative to the server's working directory.
 README_DAEMON_URL = "unix://./kvkeeper.sock"
+# The README's connector: (kv_connector, kv_connector_module_path).
+CONNECTOR = ("KVKeeperConnector", "kvkeeper.connector")
 
 
 def free_port() -> int:
@@ -46,21 +48,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def kv_transfer_config(daemon_url: str, **extra: Any) -> Dict[str, Any]:
-    """The `--kv-transfer-config` of the README's vLLM example, for `daemon_url`."""
-    return {"kv_connector": "KVKeeperConnector", "kv_connector_module_path": "kvkeeper.connector",
+def kv_transfer_config(daemon_url: str, connector: Tuple[str, str] = CONNECTOR,
+                       **extra: Any) -> Dict[str, Any]:
+    """The `--kv-transfer-config` of the README's vLLM example, for `daemon_url`
+    (`connector`: another class and module, e.g. the benchmarks' timed subclass)."""
+    return {"kv_connector": connector[0], "kv_connector_module_path": connector[1],
             "kv_role": "kv_both",
             "kv_connector_extra_config": {"kvkeeper_url": daemon_url, **extra}}
 
 
 def serve_argv(model: str, port: int, daemon_url: str, block_size: int = 32,
-               max_model_len: int = 2048, **extra: Any) -> List[str]:
-    """`vllm serve` of the tiny model on 127.0.0.1:port with prefix caching and the connector."""
+               max_model_len: int = 2048, connector: Tuple[str, str] = CONNECTOR,
+               **extra: Any) -> List[str]:
+    """`vllm serve` of the tiny model on 127.0.0.1:port with prefix caching and the
+    connector; `extra`: more kv_connector_extra_config."""
     return [sys.executable, str(VLLM_SERVE), "serve", model, "--host", "127.0.0.1",
             "--port", str(port), "--block-size", str(block_size), "--max-model-len",
             str(max_model_len), "--dtype", "float32", "--enforce-eager", "--seed", "0",
             "--enable-prefix-caching", "--kv-transfer-config",
-            json.dumps(kv_transfer_config(daemon_url, **extra))]
+            json.dumps(kv_transfer_config(daemon_url, connector, **extra))]
 
 
 def serve_env(base: Optional[Dict[str, str]] = None) -> Dict[str, str]:

@@ -2,13 +2,16 @@
 
 Streaming /v1/completions of one long text prompt (greedy): repeated on the
 same server, then replayed on a restarted server process whose own prefix
-cache is empty, so its prefix can only come from the daemon.
+cache is empty, so its prefix can only come from the daemon. The restart
+stops the server the normal way (SIGTERM): its sessions must be gone from
+the daemon at once, not after the session TTL.
 """
 from __future__ import annotations
 
 import importlib.metadata
 import subprocess
 import sys
+import time
 from typing import Any, Dict
 
 import pytest
@@ -21,6 +24,9 @@ from serving_harness import VLLM_SERVE
 
 BLOCK = 32
 MAX_TOKENS = 16
+# After the server's exit, the daemon must show none of its sessions within this
+# (its session TTL is 30 s: sessions that merely expire take far longer).
+SESSIONS_GONE_S = 2.0
 WORDS = ("the shared prefix of every request is a long system prompt that the cache keeps "
          "for the next engine").split()
 
@@ -42,6 +48,20 @@ def scrape(url: str) -> Dict[str, float]:
     snap = fetch(url)
     assert snap.ok, snap.error
     return snap.samples
+
+
+def seconds_until_no_session(daemon_metrics_url: str, limit: float) -> float:
+    """Seconds until the daemon shows no session, no lease, no pinned byte; fails the
+    test after `limit`."""
+    t0 = time.monotonic()
+    while True:
+        m = scrape(daemon_metrics_url)
+        held = {k: m.get(k) for k in ("kvkeeper_sessions", "kvkeeper_leases",
+                                      "kvkeeper_tier_pinned_bytes")}
+        if not any(held.values()):
+            return time.monotonic() - t0
+        assert time.monotonic() - t0 < limit, f"{limit} s after the server stopped: {held}"
+        time.sleep(0.05)
 
 
 def expected_vllm_version() -> str:
@@ -77,8 +97,13 @@ def test_restarted_server_loads_the_prefix_from_the_daemon(serving) -> None:
     # The second request hit vLLM's own prefix cache: nothing came from the daemon yet.
     assert before["vllm:prefix_cache_hits_total"] >= full_blocks(first.prompt_tokens, BLOCK) * BLOCK
     daemon_before = scrape(serving.metrics_url)
+    assert daemon_before["kvkeeper_sessions"] >= 1
 
-    serving.restart()
+    # The restart, in two steps: the normal stop (SIGTERM to the server's process
+    # group) closes the connector's sessions, so their leases are freed at once.
+    serving.server.stop()
+    gone = seconds_until_no_session(serving.metrics_url, SESSIONS_GONE_S)
+    serving.server.start()
     fresh = scrape(serving.server_metrics_url)
     replay = complete(serving, prompt)
     after = scrape(serving.server_metrics_url)
@@ -95,7 +120,8 @@ def test_restarted_server_loads_the_prefix_from_the_daemon(serving) -> None:
     print(f"\nserving smoke: prompt {first.prompt_tokens} tokens; TTFT first {first.ttft_s:.3f} s, "
           f"vLLM prefix-cache hit {second.ttft_s:.3f} s, after restart {replay.ttft_s:.3f} s; "
           f"vllm:kvkeeper_hit_tokens_total +{hit:.0f} (expected {expected}), loaded blocks "
-          f"+{loaded:.0f}, daemon kvkeeper_hit_tokens_total +{daemon_hits:.0f}")
+          f"+{loaded:.0f}, daemon kvkeeper_hit_tokens_total +{daemon_hits:.0f}; no session "
+          f"left {gone:.2f} s after the server's exit")
     assert hit == expected
     assert loaded == full_blocks(first.prompt_tokens, BLOCK)
     assert after["vllm:external_prefix_cache_hits_total"] - \
