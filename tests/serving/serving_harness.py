@@ -65,7 +65,11 @@ def serve_argv(model: str, port: int, daemon_url: str, block_size: int = 32,
     return [sys.executable, str(VLLM_SERVE), "serve", model, "--host", "127.0.0.1",
             "--port", str(port), "--block-size", str(block_size), "--max-model-len",
             str(max_model_len), "--dtype", "float32", "--enforce-eager", "--seed", "0",
-            "--enable-prefix-caching", "--kv-transfer-config",
+            "--enable-prefix-caching",
+            # As the README recommends: the engine gets 2 s to shut down before the
+            # front end SIGKILLs it, so the connector's sessions close at once
+            # (vLLM's default 0 makes that a race the serving tests would lose under load).
+            "--shutdown-timeout", "2", "--kv-transfer-config",
             json.dumps(kv_transfer_config(daemon_url, connector, **extra))]
 
 
