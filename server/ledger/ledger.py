@@ -160,23 +160,25 @@ class Ledger(Saves, LowerBooks):
         """
         session = self.session(sid, now, owner)
         keys = self.check_keys(keys, unique=False)
-        blocks = session.ns.blocks
+        committed = S.COMMITTED
         hit: list[Block] = []
-        for k in keys:
-            b = blocks.get(k)  # type: ignore[call-overload]
-            if b is None or b.state is not S.COMMITTED:
+        for b in map(session.ns.blocks.get, keys):
+            if b is None or b.state is not committed:
                 break
             hit.append(b)
         self.lookups += 1
         self.lookup_keys += len(keys)
         # Tail first, so that within a chain the head is the most recently used
         # and eviction takes the tail: a prefix that loses its head is unmatchable.
+        evictable: list[Block] = []
         for b in reversed(hit):
+            b.last_used = now
             if b.refs == 0:
-                b.tier.policy.hit(b)
+                evictable.append(b)
             else:
                 b.hits += 1
-            b.last_used = now
+        if evictable:
+            self._hit_evictable(evictable)
         if not report_use:
             self.usage.asked(session.ns, len(keys))
             self.usage.hits(session.ns, hit, self.top, len(self.tiers) == 1, below)
@@ -187,6 +189,17 @@ class Ledger(Saves, LowerBooks):
                  else [b.tier.name for b in hit])
         self.renew(session, now)
         return MatchResult(len(hit), tiers, lease_id)
+
+    def _hit_evictable(self, blocks: list[Block]) -> None:
+        """policy.hit of each block in order, one run per tier (a tier's policy
+        may reorder a run in one pass)."""
+        if len(self.tiers) == 1:
+            self.top.policy.hit_all(blocks)
+            return
+        for t in self.tiers.values():
+            mine = [b for b in blocks if b.tier is t]
+            if mine:
+                t.policy.hit_all(mine)
 
     def count_asked(self, ns: Namespace, keys: int, report_use: bool) -> None:
         """Count keys of a Match that match() was not given (the tier stack

@@ -34,6 +34,10 @@ class NoScanPolicy:
         self.hits += 1
         self.inner.hit(b)
 
+    def hit_all(self, blocks):  # a lookup's run of hits, one call (counted per block)
+        self.hits += len(blocks)
+        self.inner.hit_all(blocks)
+
     def __len__(self):
         return len(self.inner)
 
