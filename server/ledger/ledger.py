@@ -15,6 +15,7 @@ internal holder (records.Internal), not to a session.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Iterable, Mapping, Optional, Sequence
 
 from ..errors import FailedPrecondition, InvalidArgument, NotFound
@@ -34,6 +35,7 @@ from .units import pages_for_bytes
 from .usage import LookupReport, Usage
 
 S, E = BlockState, Event
+_REFS = attrgetter("refs")
 
 
 @dataclass(frozen=True)
@@ -165,18 +167,21 @@ class Ledger(Saves, LowerBooks):
         for b in map(session.ns.blocks.get, keys):
             if b is None or b.state is not committed:
                 break
+            b.last_used = now
             hit.append(b)
         self.lookups += 1
         self.lookup_keys += len(keys)
         # Tail first, so that within a chain the head is the most recently used
         # and eviction takes the tail: a prefix that loses its head is unmatchable.
-        evictable: list[Block] = []
-        for b in reversed(hit):
-            b.last_used = now
-            if b.refs == 0:
-                evictable.append(b)
-            else:
-                b.hits += 1
+        if any(map(_REFS, hit)):  # some are leased: only the others are evictable
+            evictable: list[Block] = []
+            for b in reversed(hit):
+                if b.refs == 0:
+                    evictable.append(b)
+                else:
+                    b.hits += 1
+        else:
+            evictable = hit[::-1]
         if evictable:
             self._hit_evictable(evictable)
         if not report_use:
