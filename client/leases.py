@@ -17,6 +17,7 @@ from .errors import protocol_error
 from .loads import Loads
 from .session import Session
 from .transport import Transport
+from .wire import MatchReply, encode_match_request
 
 __all__ = ["Leases", "MatchResult"]
 
@@ -52,7 +53,8 @@ class Leases:
             raise ValueError("blocks=True needs lease=True: block extents are only "
                              "valid while a lease pins them")
         s = self._session
-        keys = check_keys(keys, s.key_bytes)
+        kb = s.key_bytes  # what the keys were checked against, even if a rebind changes it
+        keys = check_keys(keys, kb)
         if not keys:
             return MatchResult(0, [], None)
         limit = s.max_keys or len(keys)
@@ -65,8 +67,7 @@ class Leases:
             part = keys[start:start + limit]
             resp = await s.unary(
                 "Match",
-                lambda sid: pb.MatchRequest(session_id=sid, keys=part, lease=lease, blocks=ask,
-                                            report_use=report_use),
+                lambda sid: encode_match_request(sid, part, kb, lease, ask, report_use),
                 retry=not lease, rebind=True)
             matched += resp.matched
             tiers.extend(resp.tiers)
@@ -78,7 +79,7 @@ class Leases:
                 break
         return MatchResult(matched, tiers, lease_id, refs)
 
-    async def _leased_refs(self, resp: pb.MatchResponse) -> List[pb.BlockRef]:
+    async def _leased_refs(self, resp: MatchReply) -> List[pb.BlockRef]:
         """The BlockRefs of the lease a Match(blocks=true) granted. On any
         failure the lease is released, since the caller never learns its id."""
         try:

@@ -24,10 +24,13 @@ from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 
 from .errors import KVKeeperClientError, from_rpc_error, is_session_lost, protocol_error
 from .retry import call_with_retry
+from .wire import parse_match_response
 
 __all__ = ["Session", "Metadata", "NamespaceLike", "namespace_descriptor"]
 
 log = logging.getLogger(__name__)
+
+MATCH_METHOD = "/kvkeeper.v1.KVKeeper/Match"
 
 NamespaceLike = Union[Mapping[str, Any], pb.NamespaceDescriptor]
 Metadata = Optional[Tuple[Tuple[str, str], ...]]  # gRPC call metadata: the bearer token
@@ -66,6 +69,10 @@ class Session:
                  on_arena: Callable[[Optional[pb.ShmArena], bool], None]) -> None:
         self.channel = channel
         self.stub = pb_grpc.KVKeeperStub(channel)
+        # Match's messages by hand (wire.py): the request goes as built, the
+        # answer comes back as a wire.MatchReply.
+        self._methods = {"Match": channel.unary_unary(
+            MATCH_METHOD, request_serializer=None, response_deserializer=parse_match_response)}
         self.namespace = namespace
         self.timeout = timeout
         self.max_retries = max_retries
@@ -183,7 +190,7 @@ class Session:
         `rebind` (the request carries no id of the old session). Returns the
         response and the session id the request was made with."""
         self.check_open()
-        method = getattr(self.stub, rpc)
+        method = self._methods.get(rpc) or getattr(self.stub, rpc)
         sid = self.id
         rebound = False
         while True:

@@ -1,4 +1,4 @@
-"""BlockChunk and WriteChunk, serialized and parsed by hand.
+"""BlockChunk and WriteChunk (and Match's two messages), serialized and parsed by hand.
 
 The two streaming messages carry the bulk bytes of loads and saves. Through
 the generated protobuf classes each chunk's bytes are copied about four
@@ -16,6 +16,12 @@ repeated scalars (the last wins), unknown fields of every wire type, and a
 known field sent with another wire type (kept as unknown, as protobuf does).
 Tests check both against kvkeeper_pb2 (tests/client/test_wire.py).
 
+Match is the connector's call per scheduled request: its 256 keys and 256
+tiers cost more through the generated classes (a copy of every key into
+the message, then one Python int per tier) than one join and one slice here.
+Its parser takes the canonical answer (no BlockRefs) itself and hands
+anything else to protobuf (tests/client/test_wire_match.py).
+
 Wire format: each field is a key varint (field_number << 3 | wire_type), then
 a varint (type 0), 8 bytes (1), a varint length and that many bytes (2), or
 4 bytes (5); types 3 and 4 open and close a group.
@@ -24,9 +30,12 @@ from __future__ import annotations
 
 from typing import Any, List, NamedTuple, Sequence, Tuple
 
-__all__ = ["Chunk", "WriteChunkView", "encode_block_chunk", "encode_write_chunk",
-           "frame_or_message", "parse_block_chunk", "parse_write_chunk", "slice_views",
-           "WireError"]
+from kvkeeper.v1 import kvkeeper_pb2 as pb
+
+__all__ = ["Chunk", "MatchReply", "WriteChunkView", "encode_block_chunk",
+           "encode_match_request", "encode_match_response", "encode_write_chunk",
+           "frame_or_message", "parse_block_chunk", "parse_match_response", "parse_write_chunk",
+           "slice_views", "WireError"]
 
 _U32 = 0xFFFFFFFF
 _U64 = 0xFFFFFFFFFFFFFFFF
@@ -254,3 +263,72 @@ def parse_write_chunk(buf: bytes) -> WriteChunkView:
         raise WireError("session_id is not valid UTF-8") from None
     mv = memoryview(buf)[data[0]:data[1]].toreadonly() if data else _EMPTY
     return WriteChunkView(session_id, rid, index, offset, mv)
+
+
+# ---------------------------------------------------------------- Match
+
+class MatchReply(NamedTuple):
+    """A parsed MatchResponse; `blocks`: its BlockRefs (kvkeeper_pb2), often none."""
+
+    matched: int
+    tiers: List[int]
+    lease_id: int
+    blocks: Sequence[Any]
+
+
+_KEY_TAG = _varint(2 << 3 | 2)
+_FLAGS = (b"\x18\x01", b"\x20\x01", b"\x28\x01")  # fields 3, 4, 5 (bools), when true
+
+
+def encode_match_request(session_id: str, keys: Sequence[bytes], key_bytes: int,
+                         lease: bool = False, blocks: bool = False,
+                         report_use: bool = False) -> bytes:
+    """A serialized MatchRequest. keys: bytes; with key_bytes > 0 every key
+    must be key_bytes long (the client checked them): then they go in one join."""
+    sid = session_id.encode()
+    out = [_bytes_field(1, len(sid)), sid]
+    if key_bytes and keys:
+        prefix = _KEY_TAG + _varint(key_bytes)
+        out += (prefix, prefix.join(keys))
+    else:
+        for k in keys:  # a repeated field writes empty values too
+            out += (_KEY_TAG, _varint(len(k)), k)
+    out += [field for flag, field in zip((lease, blocks, report_use), _FLAGS) if flag]
+    return b"".join(out)
+
+
+def encode_match_response(matched: int, tiers: Sequence[int], lease_id: int) -> bytes:
+    """A serialized MatchResponse without BlockRefs (tiers: kvkeeper_pb2.Tier values)."""
+    if all(0 <= t < 0x80 for t in set(tiers)):
+        packed = bytes(tiers)  # one byte per varint
+    else:
+        packed = b"".join(_varint(t & _U64) for t in tiers)
+    return (_scalar(1, matched & _U32) + _bytes_field(2, len(packed)) + packed
+            + _scalar(3, lease_id & _U64))
+
+
+def parse_match_response(buf: bytes) -> MatchReply:
+    """A MatchResponse from its serialized bytes (the client's response
+    deserializer): the canonical layout (fields 1, 2, 3 in order, each at
+    most once, one-byte tiers) here, anything else by protobuf."""
+    end = len(buf)
+    pos = matched = lease_id = 0
+    tiers: List[int] = []
+    try:
+        if pos < end and buf[pos] == 0x08:
+            matched, pos = _read_varint(buf, pos + 1, end)
+        if pos < end and buf[pos] == 0x12:
+            n, pos = _read_varint(buf, pos + 1, end)
+            packed = buf[pos:pos + n]
+            pos += n
+            if pos > end or (packed and max(packed) >= 0x80):
+                pos = -1
+            tiers = list(packed)
+        if 0 <= pos < end and buf[pos] == 0x18:
+            lease_id, pos = _read_varint(buf, pos + 1, end)
+    except WireError:
+        pos = -1
+    if pos == end:
+        return MatchReply(matched & _U32, tiers, lease_id, ())
+    m = pb.MatchResponse.FromString(buf)
+    return MatchReply(m.matched, list(m.tiers), m.lease_id, m.blocks)

@@ -12,8 +12,8 @@ import logging
 import time
 from typing import Any, AsyncIterator, Callable, Iterable
 
-from kvkeeper.client.wire import (encode_block_chunk, frame_or_message, parse_write_chunk,
-                                  slice_views)
+from kvkeeper.client.wire import (encode_block_chunk, encode_match_response, frame_or_message,
+                                  parse_write_chunk, slice_views)
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 
@@ -39,8 +39,10 @@ REF_BYTES, EXTENT_BYTES = 32, 24
 # The bulk messages go through kvkeeper.client.wire (the same bytes, fewer
 # copies): LoadStream yields frames built from the arena in one copy, and
 # WriteBlocks reads each chunk's data as a view of the received message.
+# Match answers bytes built there too, except when it carries BlockRefs.
 BULK_CODECS = {"LoadStream": {"response_serializer": frame_or_message},
-               "WriteBlocks": {"request_deserializer": parse_write_chunk}}
+               "WriteBlocks": {"request_deserializer": parse_write_chunk},
+               "Match": {"response_serializer": frame_or_message}}
 
 
 class KVKeeperServicer(pb_grpc.KVKeeperServicer):
@@ -100,7 +102,7 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
 
     # ------------------------------------------------------------ match / load / release
     @rpc
-    async def Match(self, request: pb.MatchRequest, context: Any) -> pb.MatchResponse:
+    async def Match(self, request: pb.MatchRequest, context: Any) -> "pb.MatchResponse | bytes":
         sid = SessionId(request.session_id)
         owner = identity.of(context)
         r = await self.stack.match(sid, request.keys, lease=request.lease,
@@ -110,19 +112,21 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             pb_tiers = [tier_to_pb(tiers[0])] * len(tiers)
         else:
             pb_tiers = [tier_to_pb(t) for t in tiers]
-        resp = pb.MatchResponse(matched=r.matched, tiers=pb_tiers, lease_id=r.lease_id or 0)
-        if request.blocks and r.lease_id:
-            # No await since the lease was granted (the stack promotes into the
-            # arena before it), so its blocks are arena blocks, still pinned.
-            # Taken from the table, not ledger.lease(): nothing may fail once a
-            # lease exists that the client would never hear of.
-            lease = self.ledger.leases[r.lease_id]
-            self._block_refs(lease, resp.blocks)
-            if self._too_big(resp, len(lease.blocks), lease.session.ns.pages_per_block):
-                # grpc would refuse to send it and the lease would be lost: answer
-                # without the refs, as a daemon that ignores `blocks` does; the
-                # client then asks Load, which says what is too big.
-                del resp.blocks[:]
+        if not (request.blocks and r.lease_id):
+            # The usual answer, serialized here (wire.py): no BlockRefs to carry.
+            return encode_match_response(r.matched, pb_tiers, r.lease_id or 0)
+        resp = pb.MatchResponse(matched=r.matched, tiers=pb_tiers, lease_id=r.lease_id)
+        # No await since the lease was granted (the stack promotes into the
+        # arena before it), so its blocks are arena blocks, still pinned.
+        # Taken from the table, not ledger.lease(): nothing may fail once a
+        # lease exists that the client would never hear of.
+        lease = self.ledger.leases[r.lease_id]
+        self._block_refs(lease, resp.blocks)
+        if self._too_big(resp, len(lease.blocks), lease.session.ns.pages_per_block):
+            # grpc would refuse to send it and the lease would be lost: answer
+            # without the refs, as a daemon that ignores `blocks` does; the
+            # client then asks Load, which says what is too big.
+            del resp.blocks[:]
         return resp
 
     def _too_big(self, resp: Any, blocks: int, pages_per_block: int) -> bool:

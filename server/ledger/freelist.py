@@ -6,7 +6,7 @@ blocks are ever linked in.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 
 class _Sentinel:
@@ -63,6 +63,39 @@ class FreeList:
         node.prev = last
         node.next = self._tail
         self._tail.prev = node
+
+    def move_all_to_back(self, nodes: Sequence[Any]) -> None:
+        """move_to_back(n) for each of `nodes` in order, in one pass: a lookup's
+        run of hits. Raises ValueError, changing nothing, if one is not linked."""
+        tail = self._tail
+        # Already the last nodes, in this order (a prefix matched again and
+        # nothing else touched since): the moves would change nothing.
+        node = tail
+        for n in reversed(nodes):
+            node = node.prev
+            if node is not n:
+                break
+        else:
+            return
+        for n in nodes:
+            if n.prev is None or n.next is None:
+                raise ValueError("node is not linked in a free list")
+        if len(set(nodes)) != len(nodes):
+            # A node named twice ends where its last move puts it.
+            for n in nodes:
+                self.move_to_back(n)
+            return
+        for n in nodes:
+            prev, nxt = n.prev, n.next
+            prev.next = nxt
+            nxt.prev = prev
+        last = tail.prev
+        for n in nodes:
+            last.next = n
+            n.prev = last
+            last = n
+        last.next = tail
+        tail.prev = last
 
     def discard_empty(self) -> None:
         """Break the sentinels' cycle of an empty list that is being dropped, so

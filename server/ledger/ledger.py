@@ -15,6 +15,7 @@ internal holder (records.Internal), not to a session.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Iterable, Mapping, Optional, Sequence
 
 from ..errors import FailedPrecondition, InvalidArgument, NotFound
@@ -34,6 +35,7 @@ from .units import pages_for_bytes
 from .usage import LookupReport, Usage
 
 S, E = BlockState, Event
+_REFS = attrgetter("refs")
 
 
 @dataclass(frozen=True)
@@ -160,23 +162,28 @@ class Ledger(Saves, LowerBooks):
         """
         session = self.session(sid, now, owner)
         keys = self.check_keys(keys, unique=False)
-        blocks = session.ns.blocks
+        committed = S.COMMITTED
         hit: list[Block] = []
-        for k in keys:
-            b = blocks.get(k)  # type: ignore[call-overload]
-            if b is None or b.state is not S.COMMITTED:
+        for b in map(session.ns.blocks.get, keys):
+            if b is None or b.state is not committed:
                 break
+            b.last_used = now
             hit.append(b)
         self.lookups += 1
         self.lookup_keys += len(keys)
         # Tail first, so that within a chain the head is the most recently used
         # and eviction takes the tail: a prefix that loses its head is unmatchable.
-        for b in reversed(hit):
-            if b.refs == 0:
-                b.tier.policy.hit(b)
-            else:
-                b.hits += 1
-            b.last_used = now
+        if any(map(_REFS, hit)):  # some are leased: only the others are evictable
+            evictable: list[Block] = []
+            for b in reversed(hit):
+                if b.refs == 0:
+                    evictable.append(b)
+                else:
+                    b.hits += 1
+        else:
+            evictable = hit[::-1]
+        if evictable:
+            self._hit_evictable(evictable)
         if not report_use:
             self.usage.asked(session.ns, len(keys))
             self.usage.hits(session.ns, hit, self.top, len(self.tiers) == 1, below)
@@ -187,6 +194,17 @@ class Ledger(Saves, LowerBooks):
                  else [b.tier.name for b in hit])
         self.renew(session, now)
         return MatchResult(len(hit), tiers, lease_id)
+
+    def _hit_evictable(self, blocks: list[Block]) -> None:
+        """policy.hit of each block in order, one run per tier (a tier's policy
+        may reorder a run in one pass)."""
+        if len(self.tiers) == 1:
+            self.top.policy.hit_all(blocks)
+            return
+        for t in self.tiers.values():
+            mine = [b for b in blocks if b.tier is t]
+            if mine:
+                t.policy.hit_all(mine)
 
     def count_asked(self, ns: Namespace, keys: int, report_use: bool) -> None:
         """Count keys of a Match that match() was not given (the tier stack

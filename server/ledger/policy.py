@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import heapq
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from .freelist import FreeList
 
@@ -27,6 +27,12 @@ class EvictionPolicy(ABC):
     @abstractmethod
     def hit(self, block: Any) -> None:
         """`block`, evictable, was hit: count it (block.hits += 1) and reorder."""
+
+    def hit_all(self, blocks: Sequence[Any]) -> None:
+        """hit(b) for each of `blocks` in order (a lookup's run of evictable
+        hits); a policy may do it in one pass."""
+        for b in blocks:
+            self.hit(b)
 
     @abstractmethod
     def pop(self) -> Any:
@@ -57,6 +63,11 @@ class LRUPolicy(EvictionPolicy):
     def hit(self, block: Any) -> None:
         block.hits += 1
         self._list.move_to_back(block)
+
+    def hit_all(self, blocks: Sequence[Any]) -> None:
+        self._list.move_all_to_back(blocks)  # first: it raises before changing anything
+        for b in blocks:
+            b.hits += 1
 
     def pop(self) -> Any:
         return self._list.popleft()

@@ -38,6 +38,14 @@ def check_links(fl: FreeList) -> None:
     assert len(fwd) == len(fl)
 
 
+def linked(labels: str) -> tuple[FreeList, list[Node]]:
+    """A list of one node per label, appended in order."""
+    fl, nodes = FreeList(), [Node(n) for n in labels]
+    for n in nodes:
+        fl.append(n)
+    return fl, nodes
+
+
 def test_empty_list():
     fl = FreeList()
     assert len(fl) == 0 and list(fl) == []
@@ -46,10 +54,7 @@ def test_empty_list():
 
 
 def test_append_keeps_insertion_order_and_popleft_takes_the_oldest():
-    fl = FreeList()
-    a, b, c = Node("a"), Node("b"), Node("c")
-    for n in (a, b, c):
-        fl.append(n)
+    fl, (a, b, c) = linked("abc")
     assert names(fl) == ["a", "b", "c"] and len(fl) == 3
     assert fl.peekleft() is a and len(fl) == 3  # peek does not unlink
     assert fl.popleft() is a
@@ -76,10 +81,7 @@ def test_remove_from_any_position(victim):
 
 def test_remove_relinks_only_the_neighbours():
     # O(1): remove touches the node and its two neighbours, nothing else.
-    fl = FreeList()
-    a, b, c = Node("a"), Node("b"), Node("c")
-    for n in (a, b, c):
-        fl.append(n)
+    fl, (a, b, c) = linked("abc")
     fl.remove(b)
     assert a.next is c and c.prev is a
 
@@ -94,6 +96,37 @@ def test_move_to_back_relinks_in_one_step(victim):
     assert names(fl) == [n for n in "abc" if n != victim] + [victim]
     assert len(fl) == 3
     check_links(fl)
+
+
+@settings(max_examples=150, deadline=None)
+@given(size=st.integers(1, 8), moves=st.lists(st.integers(0, 7), max_size=12))
+def test_move_all_to_back_equals_one_move_to_back_per_node(size, moves):
+    """The batch move (a lookup's run of hits) ends in the order the single moves
+    would give, nodes named twice included, and its fast path (the run already at
+    the back) as well: each batch is applied twice."""
+    one, batch = FreeList(), FreeList()
+    a = [Node(str(i)) for i in range(size)]
+    b = [Node(str(i)) for i in range(size)]
+    for x, y in zip(a, b):
+        one.append(x)
+        batch.append(y)
+    run = [i for i in moves if i < size]
+    for _ in range(2):
+        for i in run:
+            one.move_to_back(a[i])
+        batch.move_all_to_back([b[i] for i in run])
+        assert names(batch) == names(one)
+        check_links(batch)
+
+
+def test_move_all_to_back_with_an_unlinked_node_raises_and_changes_nothing():
+    fl, (a, b, c) = linked("abc")
+    with pytest.raises(ValueError, match="not linked"):
+        fl.move_all_to_back([a, Node("x"), b])
+    assert names(fl) == ["a", "b", "c"] and len(fl) == 3
+    check_links(fl)
+    fl.move_all_to_back([])
+    assert names(fl) == ["a", "b", "c"]
 
 
 def test_move_to_back_of_an_unlinked_node_raises_and_changes_nothing():

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from kvkeeper.server.errors import InvalidArgument, ResourceExhausted
-from kvkeeper.server.ledger import BlockState, SlotStatus
+from kvkeeper.server.ids import GPU, HOST
+from kvkeeper.server.ledger import BlockState, Ledger, LedgerConfig, SlotStatus, TierSpec
 
 
 class NoScanPolicy:
@@ -33,6 +34,10 @@ class NoScanPolicy:
     def hit(self, b):
         self.hits += 1
         self.inner.hit(b)
+
+    def hit_all(self, blocks):  # a lookup's run of hits, one call (counted per block)
+        self.hits += len(blocks)
+        self.inner.hit_all(blocks)
 
     def __len__(self):
         return len(self.inner)
@@ -261,3 +266,27 @@ def test_a_discard_index_outside_the_lease_changes_nothing(make_ledger, descript
     assert f"discard index {bad}" in str(info.value) and f"lease {lid} of 4 blocks" in str(info.value)
     assert snapshot(led) == before                         # the lease is still held
     led.release(s.id, lid, 0.0)
+
+
+# ---------------------------------------------------------------- the order a match leaves
+@pytest.mark.parametrize("page_tiers", [1, 2])
+def test_a_match_leaves_its_chain_most_recent_head_last_leased_blocks_aside(
+        descriptor, key, store, policy, page_tiers):
+    """Tail first: the head of a matched chain is evicted last; a leased block in
+    the chain counts its hit but stays out of the order; with a second page tier
+    each tier's policy gets its own run."""
+    specs = [TierSpec(HOST, 8 * 100, 100)]
+    if page_tiers == 2:
+        specs.insert(0, TierSpec(GPU, 8 * 100, 100))
+    led = Ledger(LedgerConfig(tiers=specs, policy=policy))
+    s = led.register_session("i", descriptor(), 0.0)
+    ks = [key(i) for i in range(6)]
+    fill(led, s.id, ks, store)
+    led.match(s.id, [ks[3]], lease=True, now=7.0)
+    r = led.match(s.id, [ks[2], ks[3], ks[4], ks[1], key(9), ks[0]], lease=False, now=8.0)
+    assert r.matched == 4
+    order = [b.key for t in led.tiers.values() for b in t.policy]
+    assert order == [ks[0], ks[5], ks[1], ks[4], ks[2]]
+    assert [led.block(s.ns.id, k).hits for k in ks] == [0, 1, 1, 2, 1, 0]
+    assert [led.block(s.ns.id, k).last_used for k in ks[1:5]] == [8.0] * 4
+    led.check_invariants()

@@ -224,6 +224,37 @@ def test_policy_matches_a_sorted_reference_model(name, ops):
 
 
 @pytest.mark.parametrize("name", ["lru", "hits-lru"])
+@settings(max_examples=80, deadline=None)
+@given(hits=st.lists(st.lists(st.integers(0, 5), max_size=8), max_size=5))
+def test_hit_all_equals_one_hit_per_block(name, hits):
+    """A lookup's run of hits in one call: the same counts and the same order."""
+    one, batch = make_policy(name), make_policy(name)
+    a = [Blk(str(i)) for i in range(6)]
+    b = [Blk(str(i)) for i in range(6)]
+    for x, y in zip(a, b):
+        one.add(x)
+        batch.add(y)
+    for run in hits:
+        for i in run:
+            one.hit(a[i])
+        batch.hit_all([b[i] for i in run])
+        assert [(x.name, x.hits) for x in batch] == [(x.name, x.hits) for x in one]
+    assert drain(batch) == drain(one)
+
+
+@pytest.mark.parametrize("name", ["lru", "hits-lru"])
+def test_hit_all_of_a_block_not_held_raises(name):
+    p = make_policy(name)
+    a = Blk("a")
+    p.add(a)
+    with pytest.raises((ValueError, KeyError)):
+        p.hit_all([a, Blk("x")])
+    assert len(p) == 1
+    if name == "lru":  # one pass that checks first: nothing changed
+        assert a.hits == 0
+
+
+@pytest.mark.parametrize("name", ["lru", "hits-lru"])
 def test_hit_counts_and_moves_a_block_behind_its_equals(name):
     p = make_policy(name)
     a, b, c = Blk("a"), Blk("b"), Blk("c")
