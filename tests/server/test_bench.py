@@ -71,7 +71,7 @@ def test_control_quick(capsys: pytest.CaptureFixture[str]) -> None:
     names = {f"control.match.{m}.c{c}" for m in ("p50_us", "p99_us", "ops_per_s") for c in (1, 16)}
     check_shape(items, "control", names)
     by = {r["name"]: r for r in items}
-    assert by["control.match.p50_us.c1"]["target"] == "<= 1.5"
+    assert by["control.match.p50_us.c1"]["target"] == "<= 1.3"
     assert by["control.match.ops_per_s.c16"]["better"] == "higher"
 
 
