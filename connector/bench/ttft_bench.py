@@ -74,7 +74,7 @@ import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from kvkeeper.server.bench.result import Result
+from kvkeeper.server.bench.result import Result, render_table
 
 from .driver import check_vllm, engine_python
 from .model import BLOCK_TOKENS, Prompts, kv_bytes_per_token, write_model
@@ -210,7 +210,12 @@ class Bench:
         self.start()
         out: List[Result] = []
         for n in self.m.lengths:
-            out += self.run_case(Case(self.m, n))
+            case = Case(self.m, n)
+            done = self.run_case(case)
+            out += done
+            # each case's table as soon as it is done: a long matrix shows
+            # its figures as it goes (and keeps them if stopped later)
+            self.log(f"ttft {case.name}:\n" + render_table(done))
         return out
 
 

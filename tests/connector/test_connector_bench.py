@@ -97,7 +97,8 @@ def test_ttft_quick_json_shape_and_verified_hits() -> None:
         p = i["params"]
         if "p90" in p:
             assert p["p90"] >= i["value"] and p["baseline_p90"] >= i["baseline_value"]
-            assert min(p["samples"]) <= i["value"] <= max(p["samples"])
+            # (samples are rounded to 10 us, medians to 1 us)
+            assert min(p["samples"]) - 1e-5 <= i["value"] <= max(p["samples"]) + 1e-5
     spread = by[f"ttft.{CASE}.full_hit.kvkeeper_p90_vs_median"]
     assert spread["baseline_value"] == pytest.approx(by[f"ttft.{CASE}.full_hit.kvkeeper_vs_floor"]
                                                      ["value"])
