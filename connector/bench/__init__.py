@@ -7,8 +7,10 @@ to first token side by side. This package imports neither vLLM nor torch:
 they are imported only in the engine processes (engine.py, and the timed
 connectors vLLM loads there). Modules, one concept each:
 
-  ttft_bench        the ttft benchmark: recompute, kvkeeper and ExampleConnector
-  ttft_results      its sizes, expected hits and results
+  ttft_bench        the ttft benchmark: recompute, kvkeeper, ExampleConnector and
+                    vLLM's own prefix cache (the floor), per model of the matrix
+  ttft_matrix       its models, prompt lengths, counts and expected hits
+  ttft_results      the results of one case (model, length) and their targets
   stream_hit_bench  a full hit over gRPC streams against one over shared memory
   rig               a daemon and named engines, and the pauses between requests
   driver            the parent's side of an engine process (also the connector tests')

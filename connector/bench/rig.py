@@ -58,12 +58,12 @@ def bench_env() -> Dict[str, str]:
     return env
 
 
-def engine_args(model_dir: str, in_process: bool) -> List[str]:
+def engine_args(model_dir: str, in_process: bool, max_model_len: int = MAX_MODEL_LEN) -> List[str]:
     """engine.py's arguments every benchmark engine shares: dummy weights,
     blocks of BLOCK_TOKENS, vLLM's prefix cache off (a hit can only come
-    from the connector)."""
+    from the connector), a whole prompt in one step."""
     args = ["--model", model_dir, "--block-size", str(BLOCK_TOKENS), "--max-model-len",
-            str(MAX_MODEL_LEN), "--max-num-batched-tokens", str(MAX_MODEL_LEN)]
+            str(max_model_len), "--max-num-batched-tokens", str(max_model_len)]
     return args + (["--in-process"] if in_process else [])
 
 

@@ -48,7 +48,7 @@ from typing import Any, Callable, Dict, List, Optional
 from kvkeeper.server.bench.result import Result, median
 
 from .driver import check_vllm, engine_python
-from .model import BLOCK_TOKENS, MODEL, Prompts, describe, kv_bytes_per_token, write_model
+from .model import BLOCK_TOKENS, M2, MODEL, Prompts, describe, kv_bytes_per_token, write_model
 from .phases import breakdown
 from .rig import Rig, engine_args, scratch_dir
 from .verify import (VerificationError, expect_hits, expect_load_counters, expect_loaded_blocks,
@@ -58,8 +58,7 @@ MODELS: Dict[str, Dict[str, Any]] = {
     "ttft-1layer": MODEL,
     # The remote-hit shape of issue 10: 6 layers, GQA (12 heads, 4 KV heads),
     # 12 KiB of KV per token, 384 KiB per block.
-    "gqa-6layer": {**MODEL, "num_hidden_layers": 6, "num_key_value_heads": 4,
-                   "intermediate_size": 2048, "vocab_size": 8192},
+    "gqa-6layer": M2,
 }
 MODELS_ENV = "KVKEEPER_BENCH_STREAM_MODELS"
 READY_ROUNDS = 5

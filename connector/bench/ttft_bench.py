@@ -1,105 +1,117 @@
-"""Connector benchmark: time to first token of a full and a partial prefix hit.
+"""Connector benchmark: time to first token of full and partial prefix hits, on a model matrix.
 
-    kvkeeper bench ttft [--json] [--quick] [--engine-python PATH]
+    kvkeeper bench ttft [--json] [--quick] [--model CONFIG.json ...] [--engine-python PATH]
 
 Needs vLLM and torch, in the Python that runs the engines (--engine-python,
 $KVKEEPER_BENCH_PYTHON, else this interpreter); this module itself imports
-neither (and nothing the daemon imports imports it). It starts a kvkeeper
-daemon (rig.py: the real daemon, shared memory, a unix socket) and four vLLM
-engines, each in its own processes (engine.py, driven by driver.py), all on
-the same dummy-weight Llama (model.MODEL: one layer of hidden 768, 12 heads, 12
-KV heads, fp32, vocab 32000: its 2048-token prefill takes about 1 s on one core
-of the 2-core CPU it was tuned on), blocks of 32 tokens, vLLM's own prefix
-caching disabled (so a hit can only come from the connector):
+neither (and nothing the daemon imports imports it). Per model of the matrix
+(ttft_matrix.py: M1, a one-layer model, at 2048 tokens; M2, a 6-layer GQA
+Llama, at 2048 and 4096; or --model configs) it starts a kvkeeper daemon
+(rig.py: the real daemon, shared memory, a unix socket) and five vLLM
+engines, each in its own processes (engine.py, driven by driver.py), on
+dummy weights, blocks of 32 tokens, vLLM's own prefix caching off except in
+`prefix`:
 
   recompute  no connector: every prompt is computed
   kvk-a      KVKeeperConnector: computes prompts and saves them to the daemon
   kvk-b      KVKeeperConnector: loads what kvk-a saved (another process, as
              another vLLM instance would)
-  example    vLLM's in-tree ExampleConnector (kv_connector "ExampleConnector":
-             safetensors files in a local directory, here in the page cache):
-             each prompt is sent twice, the first saves it, the second
-             (measured) loads it
+  example    vLLM's in-tree ExampleConnector (safetensors files in a local
+             directory, here in the page cache): each prompt is sent twice,
+             the first saves it, the second (measured) loads it
+  prefix     no connector, vLLM's prefix caching on: THE FLOOR. It serves a
+             prompt, then is asked for that prompt plus the token it
+             generated: the KV is resident, nothing is loaded, one token is
+             computed. Then the partial-hit prompt: vLLM's own hit on the
+             same shared part that kvk-b loads.
 
-Every engine's CPU worker computes on one core with one thread
-(VLLM_CPU_NUM_OF_RESERVED_CPU=1: vLLM would otherwise give connector engines
-both cores of a 2-core machine and the recompute engine one); the other core
-is left to the engine cores, the front ends, the daemon and connector threads.
---quick runs each engine in a single process (VLLM_ENABLE_V1_MULTIPROCESSING=0),
-which starts three times faster; the full run keeps vLLM's usual layout (front
-end, engine core, worker).
+Every engine gets the same VLLM_CPU_NUM_OF_RESERVED_CPU (default 1: vLLM
+would otherwise give connector engines every core of a 2-core machine and
+the others one). --quick runs each engine in a single process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0), which starts three times faster; the full
+run keeps vLLM's usual layout (front end, engine core, worker). Only one
+model's engines are alive at a time, and one request runs at a time (the
+other engines idle).
 
 TTFT is vLLM's per-request first_token_latency (arrival to first token, as
 the front end sees it) of one request at a time with max_tokens=1. Each
 repetition uses fresh random prompts and runs every engine in turn (so noise
 from the machine hits all of them alike), each request after a pause: 0.25 s
-for earlier requests' background work (saves, releases) to end, 1.3 s when
-the previous request ran on another engine (vLLM's worker and engine core
-busy-poll for 1 s after each step: see rig.SWITCH_SETTLE_S). The median of the
-repetitions is reported, after untimed warm-ups. Per repetition:
+within an engine, for earlier requests' background work (saves, releases)
+to end, 1.3 s when the previous request ran on another engine (vLLM's worker
+and engine core busy-poll for 1 s after each step: rig.SWITCH_SETTLE_S).
+Medians and p90 of the repetitions (9; --quick 2) are reported, after
+untimed warm-ups. Per repetition, with a prompt of N tokens:
 
-  full hit     a 2048-token prompt (512 with --quick): kvk-a computes and
-               saves it; recompute computes it; kvk-b loads all 64 blocks,
-               reports 2047 hit tokens (511) and computes the last token
-               only (vLLM always computes it); example saves it, then loads
-               2016 tokens (480: 63 blocks, it never loads the last block)
-               and computes 32
-  partial hit  a 1536-token prefix (384) shared with a prompt kvk-a saved,
-               plus 512 new tokens (128): recompute computes all of it, kvk-b
-               loads the prefix and computes the rest
+  full hit     kvk-a computes and saves the prompt; recompute computes it;
+               kvk-b loads all N/32 blocks, reports N-1 hit tokens and
+               computes the last token only (vLLM always computes it);
+               example saves it, then loads N-32 tokens and computes 32;
+               prefix serves another N-token prompt, then that prompt plus
+               one token (N cached tokens, one computed)
+  partial hit  a prefix of 75% of N shared with a prompt kvk-a saved and
+               prefix served, plus new tokens: recompute computes all of it,
+               kvk-b loads the prefix and computes the rest, prefix takes
+               the prefix from its own cache and computes the rest
 
 Both recompute requests of a repetition are fresh prompts of the same length
-on the same engine, so every recompute baseline is the median of both (2 x
-repetitions samples).
+on the same engine, so every recompute baseline is the median of both.
 
 Every hit is verified, or the benchmark fails: kvk-b's per-request report
 (kv_transfer_params["kvkeeper"]["hit_tokens"]), its worker's loaded blocks
 and its counters (loaded blocks, no load or checksum errors) must show the
-whole hit loaded; example's second request must report the hit as cached
-tokens; recompute and kvk-a must report none.
+whole hit loaded; example's second request and prefix's hits must report
+the hit as cached tokens; recompute, kvk-a and the first requests of example
+and prefix must report none. The greedy tokens of each hit are compared
+with recompute's on the same prompt and reported (ttft_results.py).
 
-Results and what their params carry: ttft_results.py. About 4 minutes on a
-2-core CPU (--quick: about 1 minute), half of it the engines' start-up.
+Results and what their params carry: ttft_results.py. The full matrix takes
+about 25 minutes on a 2-core CPU (--quick: about 1 minute).
 """
 from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from kvkeeper.server.bench.result import Result
+from kvkeeper.server.bench.result import Result, render_table
 
 from .driver import check_vllm, engine_python
-from .model import BLOCK_TOKENS, MODEL, Prompts, kv_bytes_per_token, write_model
+from .model import BLOCK_TOKENS, Prompts, kv_bytes_per_token, write_model
 from .phases import cpu_seconds
 from .rig import Rig, engine_args, scratch_dir
-from .ttft_results import Hits, Scale, results
+from .ttft_matrix import Case, Hits, ModelRun, Scale, matrix
+from .ttft_results import results
 from .verify import expect_hits, expect_load_counters, expect_loaded_blocks, kvk_hit
+
+# Prompts the daemon must hold at once: a round saves three (kvk-a's two,
+# kvk-b's partial); the arena holds a few rounds' worth and evicts the rest.
+ARENA_PROMPTS = 8
 
 
 class Bench:
-    def __init__(self, scale: Scale, log: Callable[[str], None], python: str,
+    """One model of the matrix: a daemon and five engines, then each of its lengths."""
+
+    def __init__(self, run: ModelRun, scale: Scale, log: Callable[[str], None], python: str,
                  tmp: str) -> None:
+        self.m = run
         self.s = scale
-        self.hits = Hits.of(scale)
         self.rig = Rig(tmp, log, python, "ttft")
         self.log = log
         self.tmp = tmp
-        self.prompts = Prompts(MODEL["vocab_size"], seed=20240601)
-        self.foreign: Optional[Dict[str, float]] = None
+        self.prompts = Prompts(run.cfg["vocab_size"], seed=20240601)
 
     # ---- set-up
 
     def start(self) -> None:
-        model = write_model(os.path.join(self.tmp, "model"))
+        model = write_model(os.path.join(self.tmp, "model"), self.m.cfg)
         storage = os.path.join(self.tmp, "example-store")
         os.makedirs(storage)
-        block_bytes = kv_bytes_per_token() * BLOCK_TOKENS
-        prompts_saved = 2 * (self.s.reps + self.s.warmups + 1)
-        capacity = max(256 << 20, 2 * prompts_saved * (self.s.prompt_tokens // BLOCK_TOKENS + 1)
+        block_bytes = kv_bytes_per_token(self.m.cfg) * BLOCK_TOKENS
+        capacity = max(256 << 20, ARENA_PROMPTS * (max(self.m.lengths) // BLOCK_TOKENS + 1)
                        * block_bytes)
         url = self.rig.start_daemon(capacity)
-        common = engine_args(model, self.s.in_process)
+        common = engine_args(model, self.s.in_process, self.m.max_model_len)
         # For A/B runs of connector settings: extra kv_connector_extra_config (JSON).
         kvk_extra = ["--extra", os.environ["KVKEEPER_BENCH_CONNECTOR_EXTRA"]] \
             if os.environ.get("KVKEEPER_BENCH_CONNECTOR_EXTRA") else []
@@ -114,6 +126,7 @@ class Bench:
             "kvk-b": kvk("kvk-b"),
             "example": [*common, "--connector", "example", "--storage", storage,
                         "--timings", self.rig.timings_path("example")],
+            "prefix": [*common, "--connector", "none", "--prefix-caching"],
         })
 
     def close(self) -> None:
@@ -121,13 +134,14 @@ class Bench:
 
     # ---- one round
 
-    def round(self) -> Dict[str, Any]:
-        """Every engine once on fresh prompts; the samples of this round."""
-        n, shared, hits, one = self.s.prompt_tokens, self.s.shared_tokens, self.hits, self.rig.one
-        full = self.prompts.tokens(n)
-        prefix = self.prompts.tokens(shared)
-        src = prefix + self.prompts.tokens(n - shared)      # what kvk-a saves
-        partial = prefix + self.prompts.tokens(n - shared)  # shares only the prefix
+    def round(self, case: Case, hits: Hits) -> Dict[str, Any]:
+        """Every engine once on fresh prompts of `case`; the samples of this round."""
+        n, shared, one, p = case.prompt_tokens, case.shared_tokens, self.rig.one, self.prompts
+        full = p.tokens(n)
+        prefix = p.tokens(shared)
+        src = prefix + p.tokens(n - shared)      # what kvk-a saves and prefix serves
+        partial = prefix + p.tokens(n - shared)  # shares only the prefix
+        served = p.tokens(n)                     # prefix's floor prompt
         a_full = one("kvk-a", full)
         a_src = one("kvk-a", src)
         # kvk-a sends its saves in the background: all of it is in the daemon
@@ -140,6 +154,10 @@ class Bench:
         self.rig.wait_saved([(b_partial, partial)])   # kvk-b saves the blocks it computed
         x_save = one("example", full)
         x_full = one("example", full)
+        p_served = one("prefix", served)
+        p_src = one("prefix", src)
+        p_floor = one("prefix", served + p_served["tokens"][:1])
+        p_partial = one("prefix", partial)
         # Verify, also in warm-ups (a broken set-up fails before the long part).
         expect_hits("kvkeeper full hit (kvk-b)", [kvk_hit(b_full)], hits.full)
         expect_hits("kvkeeper partial hit (kvk-b)", [kvk_hit(b_partial)], hits.partial)
@@ -149,49 +167,82 @@ class Bench:
         expect_hits("ExampleConnector first request (saves)", [x_save["cached"]], 0)
         expect_hits("ExampleConnector full hit (num_cached_tokens)", [x_full["cached"]],
                     hits.example_full)
+        expect_hits("vLLM prefix cache, first requests (fresh prompts)",
+                    [p_served["cached"], p_src["cached"]], 0)
+        expect_hits("the floor: vLLM prefix-cache hit of the served prompt (num_cached_tokens)",
+                    [p_floor["cached"]], hits.floor)
+        expect_hits("vLLM prefix-cache hit of the shared part (num_cached_tokens)",
+                    [p_partial["cached"]], hits.partial)
         expect_loaded_blocks("kvk-b", b_full, hits.full, hits.full_blocks)
         expect_loaded_blocks("kvk-b", b_partial, hits.partial, hits.partial // BLOCK_TOKENS)
         return {"recompute_full": r_full, "recompute_partial": r_partial, "kvk_full": b_full,
                 "kvk_partial": b_partial, "kvk_miss": a_full, "kvk_save_src": a_src,
-                "example_full": x_full, "example_save": x_save}
+                "example_full": x_full, "example_save": x_save, "prefix_floor": p_floor,
+                "prefix_partial": p_partial}
+
+    def run_case(self, case: Case) -> List[Result]:
+        hits = Hits.of(case)
+        for i in range(self.s.warmups):
+            self.round(case, hits)
+            self.log(f"ttft {case.name}: warm-up {i + 1}/{self.s.warmups} done")
+        groups = [e.proc.pid for e in self.rig.engines.values()]   # each its own session
+        kvk_b = self.rig.engines["kvk-b"]
+        before = kvk_b.metrics()
+        cpu0, t0 = cpu_seconds(groups, self.rig.pids()), time.monotonic()
+        rounds = []
+        for i in range(self.s.reps):
+            rounds.append(self.round(case, hits))
+            r = rounds[-1]
+            self.log(f"ttft {case.name}: repetition {i + 1}/{self.s.reps}: recompute "
+                     f"{r['recompute_full']['ttft']:.3f}s, floor "
+                     f"{r['prefix_floor']['ttft'] * 1e3:.1f}ms, kvkeeper hit "
+                     f"{r['kvk_full']['ttft'] * 1e3:.1f}ms, example hit "
+                     f"{r['example_full']['ttft'] * 1e3:.1f}ms, kvkeeper partial "
+                     f"{r['kvk_partial']['ttft']:.3f}s, vLLM partial "
+                     f"{r['prefix_partial']['ttft']:.3f}s")
+        cpu1, wall = cpu_seconds(groups, self.rig.pids()), time.monotonic() - t0
+        after = kvk_b.metrics()
+        expect_load_counters("kvk-b", before, after, self.s.reps * (
+            hits.full_blocks + hits.partial // BLOCK_TOKENS))
+        return results(rounds, case, self.s, hits, machine_load(cpu0, cpu1, wall))
 
     def run(self) -> List[Result]:
         self.start()
-        groups = [e.proc.pid for e in self.rig.engines.values()]   # each its own session
-        cpu0 = cpu_seconds(groups, self.rig.pids())
-        t0 = time.monotonic()
-        for i in range(self.s.warmups):
-            self.round()
-            self.log(f"ttft: warm-up {i + 1}/{self.s.warmups} done")
-        kvk_b = self.rig.engines["kvk-b"]
-        before = kvk_b.metrics()
-        rounds = []
-        for i in range(self.s.reps):
-            rounds.append(self.round())
-            r = rounds[-1]
-            self.log(f"ttft: repetition {i + 1}/{self.s.reps}: recompute "
-                     f"{r['recompute_full']['ttft']:.3f}s, kvkeeper hit "
-                     f"{r['kvk_full']['ttft'] * 1e3:.1f}ms, example hit "
-                     f"{r['example_full']['ttft'] * 1e3:.1f}ms, kvkeeper partial "
-                     f"{r['kvk_partial']['ttft']:.3f}s")
-        after = kvk_b.metrics()
-        cpu1 = cpu_seconds(groups, self.rig.pids())
-        if cpu0 is not None and cpu1 is not None:
-            self.foreign = {"seconds": round(time.monotonic() - t0, 1),
-                            "cpu_seconds_of_other_processes": round(
-                                (cpu1[0] - cpu0[0]) - (cpu1[1] - cpu0[1]), 1)}
-        expect_load_counters("kvk-b", before, after, self.s.reps * (
-            self.hits.full_blocks + self.hits.partial // BLOCK_TOKENS))
-        return results(rounds, self.s, self.hits, self.foreign)
+        out: List[Result] = []
+        for n in self.m.lengths:
+            case = Case(self.m, n)
+            done = self.run_case(case)
+            out += done
+            # each case's table as soon as it is done: a long matrix shows
+            # its figures as it goes (and keeps them if stopped later)
+            self.log(f"ttft {case.name}:\n" + render_table(done))
+        return out
+
+
+def machine_load(cpu0: Optional[Tuple[float, float]], cpu1: Optional[Tuple[float, float]],
+                 wall: float) -> Optional[Dict[str, float]]:
+    """What other processes took of the machine while the repetitions ran
+    (more than a few CPU seconds: other work shared the CPUs, noisier figures)."""
+    if cpu0 is None or cpu1 is None:
+        return None
+    other = (cpu1[0] - cpu0[0]) - (cpu1[1] - cpu0[1])
+    return {"seconds": round(wall, 1), "cpu_seconds_of_other_processes": round(other, 1),
+            "other_processes_share_of_cpus": round(other / (wall * (os.cpu_count() or 1)), 3)
+            if wall > 0 else 0.0,
+            "loadavg_1m_at_end": round(os.getloadavg()[0], 2)}
 
 
 def run(quick: bool = False, log: Callable[[str], None] = lambda s: None,
-        python: Optional[str] = None) -> List[Result]:
+        python: Optional[str] = None, models: Optional[Sequence[str]] = None) -> List[Result]:
+    runs = matrix(quick, models, log)   # a bad --model fails before any engine starts
     python = python or engine_python()
     check_vllm(python)
-    with scratch_dir("kvkt-", log, "ttft") as tmp:
-        bench = Bench(Scale.for_mode(quick), log, python, tmp)
-        try:
-            return bench.run()
-        finally:
-            bench.close()
+    out: List[Result] = []
+    for m in runs:   # one model's engines at a time
+        with scratch_dir(f"kvkt-{m.label}-", log, "ttft") as tmp:
+            bench = Bench(m, Scale.for_mode(quick), log, python, tmp)
+            try:
+                out += bench.run()
+            finally:
+                bench.close()
+    return out

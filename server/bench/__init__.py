@@ -1,7 +1,7 @@
 """`kvkeeper bench`: the ledger, control-plane, checksum, data-plane, disk and GC benchmarks.
 
-    kvkeeper bench {ledger,control,checksum,data,disk,gc,ttft,stream-hit,all} [--json] [--quick] [--out FILE]
-                   [--engine-python PATH]
+    kvkeeper bench {ledger,control,checksum,data,disk,gc,ttft,stream-hit,all} [--json] [--quick]
+                   [--out FILE] [--engine-python PATH] [--model CONFIG.json ...]
 
 Every result carries its baseline, measured again in the same run side by
 side (see result.py for the JSON shape). --json prints the results as one
@@ -16,7 +16,9 @@ KVKeeperConnector, against recompute and vLLM's ExampleConnector) and
 memory) need vLLM and torch and run only when named; they live in
 kvkeeper.connector.bench (registry.py says where each benchmark is), and
 their engines run on --engine-python (default: $KVKEEPER_BENCH_PYTHON, else
-this interpreter). Nothing here is imported by the daemon, and vLLM and torch
+this interpreter). ttft runs a model matrix (two models, three prompt
+lengths); --model CONFIG.json (repeatable) runs those Llama-like configs
+instead. Nothing here is imported by the daemon, and vLLM and torch
 are imported only inside the engine processes those two start.
 
 Exit status: 0 when the benchmarks ran (whether or not targets were met:
@@ -29,17 +31,20 @@ import sys
 import time
 from typing import Callable, Optional, Sequence
 
-from .registry import BENCHES, EXTRA_BENCHES, BenchUnavailable, runner
+from .registry import BENCHES, EXTRA_BENCHES, BenchUnavailable, BenchUsageError, runner
 from .result import Result, render_table, to_json
 
 
 def run_benches(names: Sequence[str], quick: bool,
                 log: Callable[[str], None] = lambda s: None,
-                engine_python: Optional[str] = None) -> list[Result]:
+                engine_python: Optional[str] = None,
+                models: Optional[Sequence[str]] = None) -> list[Result]:
     results: list[Result] = []
     for name in names:
         t0 = time.perf_counter()
-        if name in EXTRA_BENCHES:
+        if name == "ttft":
+            results += runner(name)(quick=quick, log=log, python=engine_python, models=models)
+        elif name in EXTRA_BENCHES:
             results += runner(name)(quick=quick, log=log, python=engine_python)
         else:
             results += runner(name)(quick=quick, log=log)
@@ -65,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-python", metavar="PATH",
                    help="ttft: the Python (with vLLM and torch) that runs the engines "
                         "(default: $KVKEEPER_BENCH_PYTHON, else this interpreter)")
+    p.add_argument("--model", metavar="CONFIG.json", action="append", default=None,
+                   help="ttft: run this Llama-like config.json (dummy weights) instead of "
+                        "the matrix's M1 and M2; repeatable")
     return p
 
 
@@ -75,19 +83,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     names = BENCHES if args.which == "all" else (args.which,)
+    if args.model and args.which != "ttft":
+        print("kvkeeper bench: --model is for ttft only", file=sys.stderr)
+        return 2
 
     def log(msg: str) -> None:
         if not args.quiet:
             print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
     try:
-        results = run_benches(names, args.quick, log, engine_python=args.engine_python)
+        results = run_benches(names, args.quick, log, engine_python=args.engine_python,
+                              models=args.model)
     except KeyboardInterrupt:
         print("kvkeeper bench: interrupted", file=sys.stderr)
         return 1
     except BenchUnavailable as e:
         print(f"kvkeeper bench: {args.which} cannot run here: {e}", file=sys.stderr)
         return 1
+    except BenchUsageError as e:   # bad input named on the command line (--model)
+        print(f"kvkeeper bench: {e}", file=sys.stderr)
+        return 2
     except Exception as e:  # noqa: BLE001 - report, do not dump a trace on the user
         import traceback
         traceback.print_exc()

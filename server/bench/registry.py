@@ -36,6 +36,11 @@ class BenchUnavailable(RuntimeError):
     """A benchmark cannot run in this environment (e.g. ttft without vLLM)."""
 
 
+class BenchUsageError(ValueError):
+    """The user asked a benchmark for something it cannot run (e.g. ttft --model
+    with a file that is no Llama config): a usage error, before anything runs."""
+
+
 def runner(name: str) -> Callable[..., list[Result]]:
     """The `run` function of benchmark `name`."""
     if name in BENCH_MODULES:
@@ -55,4 +60,4 @@ def runner(name: str) -> Callable[..., list[Result]]:
 
 
 __all__ = ["BENCHES", "BENCH_MODULES", "EXTRA_BENCHES", "EXTRA_BENCH_MODULES", "VLLM_INSTALL",
-           "BenchUnavailable", "runner"]
+           "BenchUnavailable", "BenchUsageError", "runner"]

@@ -154,6 +154,7 @@ def test_usage_errors() -> None:
     assert bench.main(["nope"]) == 2
     assert bench.main([]) == 2
     assert bench.main(["--help"]) == 0
+    assert bench.main(["data", "--model", "m.json"]) == 2, "--model is for ttft only"
 
 
 def test_result_math_and_table() -> None:
