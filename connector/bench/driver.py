@@ -124,13 +124,15 @@ class EngineProcess:
 
     def results(self, prompts: Sequence[Sequence[int]], timeout: float = CALL_TIMEOUT_S,
                 **opts: Any) -> List[Dict[str, Any]]:
-        """engine.py's generate: one result per prompt (opts: max_tokens, settle, batch)."""
+        """engine.py's generate: one result per prompt (opts: max_tokens, settle, batch,
+        collect)."""
         return self.call(timeout, cmd="generate", prompts=[list(p) for p in prompts],
                          **opts)["results"]
 
     def one(self, prompt: Sequence[int], settle: float = 0.0) -> Dict[str, Any]:
-        """One prompt alone, one token, after `settle` seconds."""
-        return self.results([prompt], settle=settle)[0]
+        """One prompt alone, one token, after `settle` seconds and a full garbage
+        collection (a timed request: no collection of earlier garbage inside it)."""
+        return self.results([prompt], settle=settle, collect=True)[0]
 
     def metrics(self) -> Dict[str, float]:
         return self.call(cmd="metrics")["metrics"]

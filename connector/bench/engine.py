@@ -28,10 +28,11 @@ with one `KVKENGINE <json>` line (everything else on stdout is vLLM's
 logging):
 
   {"cmd": "generate", "prompts": [[ids], ...], "max_tokens": n, "settle": s,
-   "batch": b}
+   "batch": b, "collect": c}
       max_tokens (default 1) tokens of each prompt, greedily; each prompt
       alone, one after the other, each after a pause of `settle` seconds
-      (default 0), or with batch all of them in one llm.generate ->
+      (default 0) and, with collect, a gc.collect(); or with batch all of
+      them in one llm.generate ->
       {"results": [{"tokens": [ids], "ttft": s, "wall": s, "cached": n,
                     "params": kv_transfer_params,
                     "timings": [timing lines written during the request],
@@ -131,7 +132,10 @@ def generate(llm: Any, timings: Timings, cmd: Dict[str, Any]) -> List[Dict[str, 
         # that it does not run during this request.
         time.sleep(float(cmd.get("settle", 0.0)))
         before = timings.take()   # lines of that background work
-        gc.collect()
+        if cmd.get("collect"):
+            # Timed requests only (benchmarks): a collection takes a few hundred
+            # ms in an engine process, which the tests' live traffic must not wait for.
+            gc.collect()
         t = time.perf_counter()
         outs = llm.generate([{"prompt_token_ids": p} for p in group], sp, use_tqdm=False)
         wall = time.perf_counter() - t
