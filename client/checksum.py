@@ -75,15 +75,14 @@ def checksum(algo: int, buf: Any) -> int:
 class Hasher:
     """The checksum with one algorithm of bytes given piece by piece, in order
     (CRC32 chained, XXH3-64 through its streaming state: the same value as
-    the one-shot function over the joined bytes). `pieces` counts updates."""
+    the one-shot function over the joined bytes)."""
 
-    __slots__ = ("algo", "pieces", "_crc", "_xxh")
+    __slots__ = ("algo", "_crc", "_xxh")
 
     def __init__(self, algo: int) -> None:
         if algo not in ALGOS:
             raise KeyError(algo)
         self.algo = algo
-        self.pieces = 0
         self._crc = 0
         self._xxh = xxhash.xxh3_64() if algo == pb.CHECKSUM_XXH3_64 else None
 
@@ -92,7 +91,6 @@ class Hasher:
             self._xxh.update(byte_view(buf))
         else:
             self._crc = zlib.crc32(byte_view(buf), self._crc)
-        self.pieces += 1
 
     def digest(self) -> int:
         return self._xxh.intdigest() if self._xxh is not None else self._crc & 0xFFFFFFFF

@@ -108,7 +108,9 @@ def copy_block(src: BlockStore[Any], src_loc: Any, dst: BlockStore[Any], dst_loc
                nbytes: int, checksum: Optional[Checksum] = None) -> Optional[Checksum]:
     """Move one block's bytes from `src` to `dst` in one copy where either side
     offers a view, through one bounce buffer otherwise. `checksum` goes to
-    `dst` with the bytes; returns the checksum `src` kept (None if none)."""
+    `dst` with the bytes; returns the checksum `src`'s read_into gave (None
+    when `src` was read through its view: a tier of plain memory, whose
+    checksums the ledger keeps)."""
     into = dst.view(dst_loc)
     if into is not None:
         return src.read_into(src_loc, into)
