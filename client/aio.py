@@ -179,6 +179,12 @@ class AsyncClient:
         return m.arena_id if m is not None else None
 
     @property
+    def arena_mapping(self) -> Optional[Any]:
+        """The arena mapping in use now (an ArenaMapping), or None: for
+        registering it as pinned GPU memory (kvkeeper.client.pinned)."""
+        return self._transport.mapping
+
+    @property
     def closed(self) -> bool:
         return self._session.closed
 

@@ -191,6 +191,11 @@ class Client:
         return self._aclient.arena_id
 
     @property
+    def arena_mapping(self) -> Optional[Any]:
+        """See AsyncClient.arena_mapping."""
+        return self._aclient.arena_mapping
+
+    @property
     def closed(self) -> bool:
         return self._closed
 

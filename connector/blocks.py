@@ -128,12 +128,6 @@ class BlockCodec:
 
     # ---- helpers
 
-    def _kernel_index(self, layer: _Layer, block_ids: Sequence[int]) -> torch.Tensor:
-        ids = torch.as_tensor(list(block_ids), dtype=torch.long)
-        if layer.split > 1:
-            ids = (ids[:, None] * layer.split + torch.arange(layer.split)).reshape(-1)
-        return ids.to(layer.tensor.device)
-
     def _row_view(self, layer: _Layer, rows: torch.Tensor) -> torch.Tensor:
         """rows' bytes of `layer` as [n, H, split, kernel_tokens, C] of the layer's dtype."""
         n = rows.shape[0]
@@ -162,25 +156,49 @@ class BlockCodec:
         self._check_rows(block_ids, rows)
         if not len(block_ids):
             return
-        n = len(block_ids)
-        for layer in self._layers:
-            src = layer.tensor.index_select(0, self._kernel_index(layer, block_ids))
-            t = layer.tensor
-            # [n*split, H, Nk, C] -> [n, split, H, Nk, C] -> [n, H, split, Nk, C]
-            src = src.view(n, layer.split, t.shape[1], layer.kernel_tokens, t.shape[3])
-            self._row_view(layer, rows).copy_(src.permute(0, 2, 1, 3, 4))
+        for i, layer in enumerate(self._layers):
+            self.gather_layer(i, self.kernel_ids(i, block_ids).to(layer.tensor.device), rows)
 
     def scatter(self, block_ids: Sequence[int], rows: torch.Tensor) -> None:
         """Copy rows[i] into vLLM block block_ids[i] (all layers)."""
         self._check_rows(block_ids, rows)
         if not len(block_ids):
             return
-        n = len(block_ids)
-        for layer in self._layers:
-            t = layer.tensor
-            src = self._row_view(layer, rows).permute(0, 2, 1, 3, 4)
-            src = src.reshape(n * layer.split, t.shape[1], layer.kernel_tokens, t.shape[3])
-            t.index_copy_(0, self._kernel_index(layer, block_ids), src.to(t.device))
+        for i, layer in enumerate(self._layers):
+            self.scatter_layer(i, self.kernel_ids(i, block_ids).to(layer.tensor.device), rows)
+
+    # ---- one layer, kernel block ids given (the device path: kvkeeper.connector.gpu)
+
+    def kernel_ids(self, index: int, block_ids: Sequence[int]) -> torch.Tensor:
+        """The kernel blocks of vLLM blocks `block_ids` in layer `index`, in
+        order, as a CPU long tensor (the device path moves it itself, without
+        a synchronous copy)."""
+        layer = self._layers[index]
+        ids = torch.as_tensor(list(block_ids), dtype=torch.long)
+        if layer.split > 1:
+            ids = (ids[:, None] * layer.split + torch.arange(layer.split)).reshape(-1)
+        return ids
+
+    def gather_layer(self, index: int, kernel_ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Copy layer `index` of the kernel blocks `kernel_ids` (on the KV
+        tensor's device) into rows (uint8 [n, block_bytes], any device)."""
+        layer = self._layers[index]
+        t = layer.tensor
+        n = rows.shape[0]
+        src = t.index_select(0, kernel_ids)
+        # [n*split, H, Nk, C] -> [n, split, H, Nk, C] -> [n, H, split, Nk, C]
+        src = src.view(n, layer.split, t.shape[1], layer.kernel_tokens, t.shape[3])
+        self._row_view(layer, rows).copy_(src.permute(0, 2, 1, 3, 4))
+
+    def scatter_layer(self, index: int, kernel_ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Copy layer `index` of rows (uint8 [n, block_bytes]) into the kernel
+        blocks `kernel_ids` (on the KV tensor's device)."""
+        layer = self._layers[index]
+        t = layer.tensor
+        n = rows.shape[0]
+        src = self._row_view(layer, rows).permute(0, 2, 1, 3, 4)
+        src = src.reshape(n * layer.split, t.shape[1], layer.kernel_tokens, t.shape[3])
+        t.index_copy_(0, kernel_ids, src.to(t.device))
 
     # ---- direct path (no staging tensor)
 

@@ -15,7 +15,7 @@ import logging
 import queue
 import threading
 from concurrent.futures import Future
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import torch
 
@@ -23,6 +23,7 @@ from kvkeeper.client import ResourceExhaustedError
 
 from .blocks import BlockCodec
 from .cpus import use_spare_cpus
+from .gpu import device_saves_for
 from .link import DaemonLink, LinkDown
 from .stats import Counters
 
@@ -38,14 +39,15 @@ class SaveJob:
     the save thread or, when vLLM is about to reuse the blocks, by whoever
     needs it done first."""
 
-    __slots__ = ("req_id", "keys", "block_ids", "rows", "copied", "_lock")
+    __slots__ = ("req_id", "keys", "block_ids", "rows", "copied", "device", "_lock")
 
     def __init__(self, req_id: str, keys: Sequence[bytes], block_ids: Sequence[int]) -> None:
         self.req_id = req_id
         self.keys = list(keys)
         self.block_ids = tuple(block_ids)
-        self.rows: Optional[torch.Tensor] = None
+        self.rows: Optional[Any] = None   # host rows (a gpu.d2h.DeviceRows on CUDA)
         self.copied = False
+        self.device: Optional[Any] = None  # KV cache on CUDA: its gpu.d2h.SaveOrder
         self._lock = threading.Lock()
 
     @property
@@ -57,6 +59,9 @@ class SaveJob:
             if self.copied:
                 return
             try:
+                if self.device is not None:   # queued behind the forward, on a side stream
+                    self.rows = self.device.copy_out(codec, self.block_ids)
+                    return
                 rows = codec.new_rows(len(self.block_ids))
                 codec.gather(self.block_ids, rows)
                 self.rows = rows
@@ -86,6 +91,7 @@ class SaveThread:
         self._idle = threading.Event()
         self._idle.set()
         self._thread: Optional[threading.Thread] = None
+        self._device = device_saves_for(codec)   # None unless the KV cache is on CUDA
 
     def admit(self, nbytes: int) -> bool:
         """Reserve room for nbytes of queued saves; False when full."""
@@ -101,6 +107,8 @@ class SaveThread:
             return True
 
     def submit(self, job: SaveJob) -> None:
+        if self._device is not None:   # on vLLM's thread, after the forward was issued
+            job.device = self._device.mark()
         self._q.put(job)
 
     def _done(self, nbytes: int) -> None:
@@ -135,7 +143,7 @@ class SaveThread:
                 job.copy_out(self._codec, self._counters)
                 rows, job.rows = job.rows, None
                 if rows is not None:
-                    self.send(job.keys, rows)
+                    self.send(job.keys, rows if job.device is None else rows.host())
             except Exception as e:  # noqa: BLE001 - keep the thread alive
                 log.warning("kvkeeper: saving blocks of %s failed: %s", job.req_id, e)
             finally:

@@ -39,6 +39,7 @@ import torch
 from .blocks import BlockCodec, LayoutMismatch
 from .config import ConnectorConfig
 from .cpus import spare_cpus
+from .gpu import cuda_load_strategy
 from .io_thread import IoThread
 from .layout import KVLayout
 from .link import DaemonLink
@@ -106,7 +107,9 @@ class WorkerSide:
         loader = BlockLoader(self.codec, self.cfg.checksum != "none", self.counters,
                              self.releaser)
         strategy = choose_load_strategy(self.cfg.load_overlap, len(spare_cpus()))
-        self.load_strategy = strategy(loader, self._io)
+        # KV cache on CUDA: gpu/ (pinned arena, side-stream copies); else the CPU strategy.
+        self.load_strategy = (cuda_load_strategy(loader, self._io, self.link)
+                              or strategy(loader, self._io))
         if self.link is not None:
             # Connect from the I/O thread, so that the client's threads run where it does.
             ready = self._io.submit(self._connect)
@@ -282,6 +285,7 @@ class WorkerSide:
         except Exception as e:  # noqa: BLE001
             log.debug("kvkeeper: settling loads at shutdown failed: %s", e)
         self._io.shutdown()
+        getattr(self.load_strategy, "close", lambda: None)()   # gpu/: unpin the arena
         if self._saver is not None:
             self._saver.close(timeout)
         if self.releaser is not None:

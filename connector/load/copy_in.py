@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -47,6 +47,8 @@ class BlockLoader:
         self._verify = verify   # kvkeeper_checksum != none
         self._counters = counters
         self._releaser = releaser
+        # KV cache on CUDA: the strategy (gpu/load.py) copies single blocks, checked first.
+        self.device: Optional[Any] = None
 
     def block_ok(self, block_id: int, expected: Tuple[int, int],
                  source: Optional[torch.Tensor] = None) -> bool:
@@ -70,6 +72,9 @@ class BlockLoader:
     def copy_in(self, f: FetchedLoad, lo: int, hi: int) -> None:
         """Copy blocks lo..hi-1 of f, every layer, from the arena into the KV cache."""
         assert f.sources is not None
+        if self.device is not None:
+            self.device.copy_in(f, lo, hi)
+            return
         for i in range(self.codec.num_layers):
             self.codec.copy_layer_in(i, f.spec.block_ids[lo:hi], f.sources[lo:hi])
 

@@ -1,6 +1,6 @@
 """`kvkeeper bench`: the ledger, control-plane, checksum, data-plane, disk and GC benchmarks.
 
-    kvkeeper bench {ledger,control,checksum,data,disk,gc,ttft,stream-hit,all} [--json] [--quick]
+    kvkeeper bench {ledger,control,checksum,data,disk,gc,ttft,stream-hit,gpu,all} [--json] [--quick]
                    [--out FILE] [--engine-python PATH] [--model CONFIG.json ...]
 
 Every result carries its baseline, measured again in the same run side by
@@ -19,7 +19,10 @@ their engines run on --engine-python (default: $KVKEEPER_BENCH_PYTHON, else
 this interpreter). ttft runs a model matrix (two models, three prompt
 lengths); --model CONFIG.json (repeatable) runs those Llama-like configs
 instead. Nothing here is imported by the daemon, and vLLM and torch
-are imported only inside the engine processes those two start.
+are imported only inside the engine processes those two start. `gpu`
+(kvkeeper.connector.gpu.bench: the pinned host<->GPU load and save paths
+against raw torch copies) needs torch with CUDA, not vLLM; without CUDA it
+says so and exits 1.
 
 Exit status: 0 when the benchmarks ran (whether or not targets were met:
 see each result's meets_target), 1 when one could not run, 2 for usage errors.

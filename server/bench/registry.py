@@ -23,9 +23,10 @@ BENCH_MODULES = {  # what `all` runs, in this order
     "disk": "kvkeeper.server.bench.disk_bench",
     "gc": "kvkeeper.server.bench.gc_bench",
 }
-EXTRA_BENCH_MODULES = {  # run only by name: they need vLLM and torch
+EXTRA_BENCH_MODULES = {  # run only by name: they need vLLM and torch (gpu: torch and CUDA)
     "ttft": "kvkeeper.connector.bench.ttft_bench",
     "stream-hit": "kvkeeper.connector.bench.stream_hit_bench",
+    "gpu": "kvkeeper.connector.gpu.bench",   # needs torch with CUDA, not vLLM
 }
 BENCHES = tuple(BENCH_MODULES)
 EXTRA_BENCHES = tuple(EXTRA_BENCH_MODULES)
