@@ -27,6 +27,7 @@ settings. Modules, one concept each:
   io_thread  the worker's I/O thread, on the cores vLLM leaves spare (cpus)
   load/      loads into the KV cache: fetching, the load strategies, streaming (torch)
   save       the save thread: blocks copied out of the KV cache and sent (torch)
+  gpu/       a KV cache on CUDA: pinned arena, side-stream copies ordered by events (torch)
   worker     a TP rank's loads and saves, as vLLM's hooks call them (worker role; torch)
   guard      every vLLM hook guarded: an exception is logged and answered by a fallback
   sides      a connector's scheduler or worker side built from vLLM's config

@@ -117,6 +117,11 @@ class CudaLoad(LoadStrategy):
         self.loader.release(step)
 
     def close(self) -> None:
-        """Unregister the pinned arena mapping (worker shutdown)."""
-        if self.device.pinned is not None:
-            self.device.pinned.close()
+        """Unregister the pinned arena mapping (worker shutdown), once no copy
+        issued on the side stream can still be reading it."""
+        ops = self.device.ops
+        try:
+            ops.synchronize(ops.record(ops.side))
+        finally:
+            if self.device.pinned is not None:
+                self.device.pinned.close()
