@@ -6,76 +6,18 @@ maps the daemon's. Run by tests/gpu/run.sh.
 """
 from __future__ import annotations
 
-import mmap
-import os
-import tempfile
-
 import pytest
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
-from kvkeeper.client.arena_mapping import ArenaMapping, file_id  # noqa: E402
 from kvkeeper.client.checksum import xxh3_64  # noqa: E402
 from kvkeeper.client.pinned import PinnedArena  # noqa: E402
-from kvkeeper.connector.blocks import BlockCodec  # noqa: E402
 from kvkeeper.connector.gpu.d2h import DeviceSaves  # noqa: E402
 from kvkeeper.connector.gpu.h2d import DeviceLoader, host_block_ok  # noqa: E402
 from kvkeeper.connector.gpu.ops import CudaOps  # noqa: E402
-from kvkeeper.connector.layout import KVLayout  # noqa: E402
-from kvkeeper.v1 import kvkeeper_pb2 as pb  # noqa: E402
 
-PAGE = 4096
-DEV = torch.device("cuda", 0) if torch.cuda.is_available() else None
-
-
-def arena(nbytes: int) -> ArenaMapping:
-    where = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    fd, path = tempfile.mkstemp(prefix="kvk-gpu-test-", dir=where)
-    try:
-        os.ftruncate(fd, PAGE + nbytes)
-        mm = mmap.mmap(fd, PAGE + nbytes, flags=mmap.MAP_SHARED)
-        return ArenaMapping(path, PAGE + nbytes, b"g" * 16, PAGE, nbytes // PAGE, PAGE,
-                            file_id(os.fstat(fd)), mm)
-    finally:
-        os.close(fd)
-        os.unlink(path)
-
-
-def cuda_codec(layers: int = 4, num_blocks: int = 16, split: int = 1, permute: bool = False,
-               heads: int = 8, tokens: int = 32, head: int = 64):
-    layout = KVLayout(layer_names=tuple(f"l{i}" for i in range(layers)), num_heads=heads,
-                      block_tokens=tokens, content_bytes=head * 4, dtype="float32",
-                      physical="test", spec_kind="FullAttentionSpec")
-    kv = {}
-    for n in layout.layer_names:
-        if permute:   # physical [B, N, H, C] (flash-attention-like), logical [B, H, N, C]
-            kv[n] = torch.zeros(num_blocks * split, tokens // split, heads, head,
-                                device=DEV).permute(0, 2, 1, 3)
-        else:
-            kv[n] = torch.zeros(num_blocks * split, heads, tokens // split, head, device=DEV)
-    return BlockCodec(layout, kv, num_blocks), kv
-
-
-def fill(m: ArenaMapping, codec: BlockCodec, slots):
-    """Random blocks written at arena slots; (sources as views, their bytes, sums)."""
-    bb = codec.block_bytes
-    sources, data, sums = [], [], []
-    for s in slots:
-        b = os.urandom(bb)
-        m.write([(PAGE + s * bb, bb)], b, whole=True)
-        src = torch.frombuffer(m.view(PAGE + s * bb, bb), dtype=torch.uint8)
-        sources.append(src)
-        data.append(torch.frombuffer(bytearray(b), dtype=torch.uint8))
-        sums.append((pb.CHECKSUM_XXH3_64, xxh3_64(b)))
-    return sources, data, sums
-
-
-def read_back(codec: BlockCodec, ids):
-    rows = codec.new_rows(len(ids))
-    torch.cuda.synchronize()
-    codec.gather(ids, rows)   # the CPU path's gather: test-side only
-    return rows
+from cuda_kv import DEV, PAGE, arena, cuda_codec, fill, read_back  # noqa: E402
 
 
 def test_arena_mapping_is_registered_once_and_unregistered() -> None:
