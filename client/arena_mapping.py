@@ -23,9 +23,9 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
-from .arena_format import (HEADER_STRUCT, Extent, byte_view, extents_in, gather_into,
+from .arena_format import (HEADER_STRUCT, Extent, Update, byte_view, extents_in, gather_into,
                            parse_header, scatter_from)
 
 __all__ = ["ArenaMapping", "file_id", "map_file"]
@@ -154,24 +154,30 @@ class ArenaMapping:
             return mv[off:off + n].tobytes()
         return b"".join([mv[off:off + n] for off, n in ext])
 
-    def read_into(self, extents: Sequence[Any], out: Any) -> None:
+    def read_into(self, extents: Sequence[Any], out: Any,
+                  update: Optional[Update] = None, nogil: bool = False) -> None:
         """Copy the block's bytes into `out`: any writable C-contiguous buffer
-        (bytearray, numpy array, tensor.numpy()) of exactly the block's size."""
+        (bytearray, numpy array, tensor.numpy()) of exactly the block's size.
+        With `update` (a checksum's), feed it the bytes copied into `out`, in
+        order, each piece while it is still in cache (arena_format.copy_hashed);
+        nogil: copy without holding the GIL (arena_format.copy_bytes)."""
         mv, ext, total = self._checked(extents)
-        gather_into(mv, self._base, ext, total, out)
+        gather_into(mv, self._base, ext, total, out, update, nogil)
 
     def write(self, extents: Sequence[Any], data: Any, start: int = 0, *,
-              whole: bool = False) -> None:
+              whole: bool = False, update: Optional[Update] = None,
+              nogil: bool = False) -> None:
         """Copy `data` (any C-contiguous bytes-like object) into the block's
         bytes beginning at byte `start` within the block (the concatenation of
         its extents); may cross extents. whole=True: `data` must be the whole
-        block, exactly as long as the extents."""
+        block, exactly as long as the extents. With `update`, feed it the
+        bytes of `data` as they are copied, in order (see read_into, also for nogil)."""
         mv, ext, total = self._checked(extents)
         if whole:
             n = byte_view(data, writable=False).nbytes
             if n != total or start:
                 raise ValueError(f"data holds {n} bytes but the extents hold {total}")
-        scatter_from(mv, self._base, ext, total, data, start)
+        scatter_from(mv, self._base, ext, total, data, start, update, nogil)
 
     # ---- lifetime
 
