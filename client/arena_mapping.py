@@ -25,8 +25,10 @@ import mmap
 import os
 from typing import Any, Iterable, Optional, Sequence
 
-from .arena_format import (HEADER_STRUCT, Extent, Update, byte_view, extents_in, gather_into,
-                           parse_header, scatter_from)
+import numpy as np
+
+from .arena_format import (HEADER_STRUCT, Extent, Update, byte_view, copy_run, extents_in,
+                           gather_into, parse_header, scatter_from)
 
 __all__ = ["ArenaMapping", "file_id", "map_file", "populate"]
 
@@ -81,7 +83,7 @@ class ArenaMapping:
     region, block copies in and out, and its lifetime."""
 
     __slots__ = ("_path", "_size", "_arena_id", "_page_bytes", "_page_count", "_data_offset",
-                 "_file_id", "_mm", "_mv", "_base", "_closed")
+                 "_file_id", "_mm", "_mv", "_base", "_arr", "_closed")
 
     def __init__(self, path: str, size_bytes: int, arena_id: bytes, page_bytes: int,
                  page_count: int, data_offset: int, fid: tuple[int, int],
@@ -96,6 +98,7 @@ class ArenaMapping:
         self._mm: mmap.mmap | None = mm
         self._mv: memoryview | None = memoryview(mm)
         self._base = ctypes.addressof(ctypes.c_char.from_buffer(mm))  # export dropped at once
+        self._arr: np.ndarray | None = None   # the mapping as uint8, made on first use
         self._closed = False
 
     # ---- properties
@@ -189,30 +192,47 @@ class ArenaMapping:
             return mv[off:off + n].tobytes()
         return b"".join([mv[off:off + n] for off, n in ext])
 
-    def read_into(self, extents: Sequence[Any], out: Any,
-                  update: Optional[Update] = None, nogil: bool = False) -> None:
+    def read_into(self, extents: Sequence[Any], out: Any) -> None:
         """Copy the block's bytes into `out`: any writable C-contiguous buffer
-        (bytearray, numpy array, tensor.numpy()) of exactly the block's size.
-        With `update` (a checksum's), feed it the bytes copied into `out`, in
-        order, each piece while it is still in cache (arena_format.copy_hashed);
-        nogil: copy without holding the GIL (arena_format.copy_bytes)."""
+        (bytearray, numpy array, tensor.numpy()) of exactly the block's size."""
         mv, ext, total = self._checked(extents)
-        gather_into(mv, self._base, ext, total, out, update, nogil)
+        gather_into(mv, self._base, ext, total, out)
+
+    def _array(self) -> np.ndarray:
+        arr = self._arr
+        if arr is None:
+            if self._mm is None:
+                raise ValueError(f"{type(self).__name__} is closed")
+            arr = self._arr = np.frombuffer(self._mm, dtype=np.uint8)
+        return arr
+
+    def read_block(self, ext: list[Extent], out: np.ndarray,
+                   update: Optional[Update] = None) -> None:
+        """Copy a whole block out: `ext` as plain (offset, length) tuples,
+        `out` a flat writable uint8 array of exactly the block's size; with
+        `update`, feed it the bytes copied into `out`, piece by piece while
+        each is in cache. The lean path of batches (kvkeeper.client.copies):
+        arena_format.copy_run, with read_into's bounds checks."""
+        copy_run(self._array(), self._data_offset, self._size, ext, out, False, update)
+
+    def write_block(self, ext: list[Extent], data: np.ndarray,
+                    update: Optional[Update] = None) -> None:
+        """Copy a whole block in (see read_block): `data` a flat uint8 array of
+        exactly the block's size; `update` is fed the bytes of `data`."""
+        copy_run(self._array(), self._data_offset, self._size, ext, data, True, update)
 
     def write(self, extents: Sequence[Any], data: Any, start: int = 0, *,
-              whole: bool = False, update: Optional[Update] = None,
-              nogil: bool = False) -> None:
+              whole: bool = False) -> None:
         """Copy `data` (any C-contiguous bytes-like object) into the block's
         bytes beginning at byte `start` within the block (the concatenation of
         its extents); may cross extents. whole=True: `data` must be the whole
-        block, exactly as long as the extents. With `update`, feed it the
-        bytes of `data` as they are copied, in order (see read_into, also for nogil)."""
+        block, exactly as long as the extents."""
         mv, ext, total = self._checked(extents)
         if whole:
             n = byte_view(data, writable=False).nbytes
             if n != total or start:
                 raise ValueError(f"data holds {n} bytes but the extents hold {total}")
-        scatter_from(mv, self._base, ext, total, data, start, update, nogil)
+        scatter_from(mv, self._base, ext, total, data, start)
 
     # ---- lifetime
 
@@ -224,6 +244,7 @@ class ArenaMapping:
         mv, mm = self._mv, self._mm
         self._mv = None
         self._mm = None
+        self._arr = None   # a copy still running elsewhere keeps its own reference
         if mv is not None:
             mv.release()
         if mm is not None:

@@ -1,21 +1,23 @@
 """Same-host block copies with their checksums: a lease's blocks out of the
 arena, verified, and a reservation's blocks into it, checksummed.
 
-Each checksum is computed inside its block's copy (ArenaMapping.read_into and
-write with a Hasher's feed): piece by piece, each piece hashed right after it
-is copied, while it is still in cache. Copying everything and then hashing it
-read every byte from memory twice; `kvkeeper bench data` measured that at
-~0.5x memcpy with XXH3-64, the fused copy near memcpy.
+Each checksum is computed inside its block's copy (ArenaMapping.read_block and
+write_block with a Hasher's feed): piece by piece, each piece hashed right
+after it is copied, while it is still in cache. Copying everything and then
+hashing it read every byte from memory twice (~0.5x memcpy with XXH3-64 in
+`kvkeeper bench data`).
 
 A load checks the bytes it copied into the caller's buffer, which are exactly
 the bytes the caller is about to use; a save checksums the caller's bytes as
 it copies them, so a copy gone wrong is caught by the next load rather than
-blessed. Large batches run off the event loop (see `off_loop`).
+blessed. Large batches run off the event loop (`load_verified`, `save_summed`).
 """
 from __future__ import annotations
 
 import asyncio
 from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
@@ -46,17 +48,24 @@ def stored(refs: Sequence[pb.BlockRef]) -> List[Stored]:
     return [(r.checksum_algo, r.checksum, extents_of(r.extents)) for r in refs]
 
 
+def _u8(buf: Any) -> np.ndarray:
+    """A flat byte view (checks.block_views') as a uint8 array, without copying."""
+    return np.frombuffer(buf, dtype=np.uint8)
+
+
 def read_verified(m: ArenaMapping, blocks: Sequence[Stored], outs: Sequence[Any],
                   verifies: bool, pipe: bool = False) -> List[int]:
-    """Copy each block (as `stored` gives it) into outs[i]; with `verifies`,
-    check each against the checksum it was committed with, and return the
-    indices that differ (in order; blocks stored without a checksum, or with
-    one this process cannot compute, are not checked). Every block is copied
-    either way: the caller must not use any of `outs` when the answer is not
-    empty. pipe: hash in a helper thread while copying (hashpipe.HashPipe)."""
+    """Copy each block (as `stored` gives it) into outs[i] (flat byte views
+    of exactly a block); with `verifies`, check each against the checksum it
+    was committed with, and return the indices that differ (in order; blocks
+    stored without a checksum, or with one this process cannot compute, are
+    not checked). Every block is copied either way: the caller must not use
+    any of `outs` when the answer is not empty. pipe: hash in a helper thread
+    while copying (hashpipe.HashPipe)."""
+    read = m.read_block
     if not verifies:
         for (_, _, ext), out in zip(blocks, outs):
-            m.read_into(ext, out)
+            read(ext, _u8(out))
         return []
     if pipe:
         hp = HashPipe()
@@ -64,9 +73,9 @@ def read_verified(m: ArenaMapping, blocks: Sequence[Stored], outs: Sequence[Any]
             for i, ((algo, _, ext), out) in enumerate(zip(blocks, outs)):
                 if algo in ALGOS:
                     hp.begin(i, algo)
-                    m.read_into(ext, out, hp.feed, nogil=True)
+                    read(ext, _u8(out), hp.feed)
                 else:
-                    m.read_into(ext, out, nogil=True)
+                    read(ext, _u8(out))
         finally:
             got = hp.finish()
         return [i for i, (_, want, _) in enumerate(blocks) if i in got and got[i] != want]
@@ -74,37 +83,38 @@ def read_verified(m: ArenaMapping, blocks: Sequence[Stored], outs: Sequence[Any]
     for i, ((algo, want, ext), out) in enumerate(zip(blocks, outs)):
         if algo in ALGOS:
             h = Hasher(algo)
-            m.read_into(ext, out, h.feed)
+            read(ext, _u8(out), h.feed)
             if h.digest() != want:
                 bad.append(i)
         else:
-            m.read_into(ext, out)
+            read(ext, _u8(out))
     return bad
 
 
 def write_summed(m: ArenaMapping, extents: Sequence[List[Extent]], blocks: Sequence[Any],
                  algo: int, pipe: bool = False) -> Optional[List[int]]:
-    """Copy blocks[i] into the arena at extents[i] (whole blocks: see
-    ShmMapping.write) for every i, and return their checksums with `algo`
-    computed over the bytes given, or None when algo is CHECKSUM_NONE.
+    """Copy blocks[i] (flat byte views of exactly a block) into the arena at
+    extents[i] for every i, and return their checksums with `algo` computed
+    over the bytes given, or None when algo is CHECKSUM_NONE.
     pipe: hash in a helper thread while copying (hashpipe.HashPipe)."""
+    write = m.write_block
     if algo == pb.CHECKSUM_NONE:
         for ext, b in zip(extents, blocks):
-            m.write(ext, b, whole=True)
+            write(ext, _u8(b))
         return None
     if pipe:
         hp = HashPipe()
         try:
             for i, (ext, b) in enumerate(zip(extents, blocks)):
                 hp.begin(i, algo)
-                m.write(ext, b, whole=True, update=hp.feed, nogil=True)
+                write(ext, _u8(b), hp.feed)
         finally:
             got = hp.finish()
         return [got[i] for i in range(len(blocks))]
     sums: List[int] = []
     for ext, b in zip(extents, blocks):
         h = Hasher(algo)
-        m.write(ext, b, whole=True, update=h.feed)
+        write(ext, _u8(b), h.feed)
         sums.append(h.digest())
     return sums
 

@@ -7,8 +7,8 @@ the copying thread hands each piece it has copied to a helper thread, which
 hashes it (still in the shared cache) while the next piece is copied. The
 helper gets the pieces of one block after another, in order, so each block's
 streaming checksum is the same value as the one-shot function. xxhash and
-zlib drop the GIL while hashing, and the copies made for a pipe drop it too
-(nogil=True), so the two threads run at once.
+zlib drop the GIL while hashing, and the batch copies (arena_format.copy_run,
+numpy ufuncs) drop it too, so the two threads run at once.
 
 Helper threads come from one small pool per process, re-created after a fork
 (a pool inherited through fork has no threads).

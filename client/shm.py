@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional, Sequence
 
-from .arena_format import ARENA_ID_BYTES, HEADER_BYTES, HEADER_STRUCT, MAGIC, Update, parse_header
+from .arena_format import ARENA_ID_BYTES, HEADER_BYTES, HEADER_STRUCT, MAGIC, parse_header
 from .arena_mapping import ArenaMapping, file_id, map_file, populate
 
 # HEADER_BYTES and MAGIC: the layout this mapping reads, for callers that check it.
@@ -74,9 +74,8 @@ class ShmMapping(ArenaMapping):
                    file_id(st), mm)
 
     def write(self, extents: Sequence[Any], data: Any, start: int = 0, *,
-              whole: bool = True, update: Optional[Update] = None,
-              nogil: bool = False) -> None:
+              whole: bool = True) -> None:
         """Copy `data`, the whole block: a client writes only blocks it
         reserved whole, and a short write would leave another block's bytes
         in place for the commit to publish (see ArenaMapping.write)."""
-        super().write(extents, data, start, whole=whole, update=update, nogil=nogil)
+        super().write(extents, data, start, whole=whole)
