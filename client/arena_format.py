@@ -204,7 +204,7 @@ def copy_run(arena: np.ndarray, lo: int, hi: int, ext: list[Extent], block: np.n
 
     Always one ufunc pass per piece: as fast as memmove for these sizes, free
     of memmove's page-aliasing crawl (above) without the address arithmetic
-    to detect it, and it drops the GIL (hashpipe's helper runs meanwhile).
+    to detect it, and it drops the GIL (the event loop runs meanwhile).
     The lean path of batches (kvkeeper.client.copies): ~3 us per block of
     Python instead of ~8 through gather_into/scatter_from."""
     pos, size, step = 0, block.shape[0], PIECE_BYTES

@@ -1,7 +1,7 @@
 """Same-host block copies with their checksums (kvkeeper.client.copies): the
 bytes land where they belong, the checksums equal the one-shot functions over
-the caller's bytes, and a corrupted block is reported whichever path copies it
-(fused on the calling thread, or piped through a helper thread)."""
+the caller's bytes, and a corrupted block is reported, on the event loop's
+thread or in a worker."""
 from __future__ import annotations
 
 import os
@@ -54,13 +54,12 @@ def _blocks(seed=0):
     return [rng.integers(0, 256, BLOCK, dtype=np.uint8) for _ in range(N)]
 
 
-@pytest.mark.parametrize("pipe", [False, True])
 @pytest.mark.parametrize("algo,fn", [(XXH, xxh3_64), (CRC, crc32)])
-def test_write_summed_copies_and_checksums_the_given_bytes(arena, mapping, pipe, algo, fn):
+def test_write_summed_copies_and_checksums_the_given_bytes(arena, mapping, algo, fn):
     blocks = _blocks()
     exts = [_extents(arena, i) for i in range(N)]
     assert all(len(e) == 2 for e in exts)
-    sums = copies.write_summed(mapping, exts, blocks, algo, pipe)
+    sums = copies.write_summed(mapping, exts, blocks, algo)
     assert sums == [fn(b) for b in blocks]
     assert [arena.read(e) for e in exts] == [b.tobytes() for b in blocks]
 
@@ -96,12 +95,11 @@ def _flip(arena, ref, at):
     raise AssertionError("offset beyond the block")
 
 
-@pytest.mark.parametrize("pipe", [False, True])
-def test_read_verified_copies_good_blocks_and_names_bad_ones(arena, mapping, pipe):
+def test_read_verified_copies_good_blocks_and_names_bad_ones(arena, mapping):
     blocks, refs = _saved(arena, mapping, [XXH, CRC, XXH, NONE])
     outs = [np.zeros(BLOCK, np.uint8) for _ in range(N)]
     stored = copies.stored(refs)
-    assert copies.read_verified(mapping, stored, outs, True, pipe) == []
+    assert copies.read_verified(mapping, stored, outs, True) == []
     assert all(np.array_equal(o, b) for o, b in zip(outs, blocks))
     # Corrupt the XXH3 block in its last piece and the CRC32 one in its second
     # extent; the block stored without a checksum cannot be checked.
@@ -109,10 +107,10 @@ def test_read_verified_copies_good_blocks_and_names_bad_ones(arena, mapping, pip
     _flip(arena, refs[1], BLOCK - PAGE // 2)
     _flip(arena, refs[3], 5)
     outs = [np.zeros(BLOCK, np.uint8) for _ in range(N)]
-    assert copies.read_verified(mapping, stored, outs, True, pipe) == [0, 1]
+    assert copies.read_verified(mapping, stored, outs, True) == [0, 1]
     assert np.array_equal(outs[2], blocks[2])
     # Unverified (checksum="none"), every block is copied as it is.
-    assert copies.read_verified(mapping, stored, outs, False, pipe) == []
+    assert copies.read_verified(mapping, stored, outs, False) == []
     assert outs[0][-1] == blocks[0][-1] ^ 1
 
 
@@ -120,8 +118,7 @@ def test_a_wrong_checksum_value_is_reported(arena, mapping):
     _, refs = _saved(arena, mapping, [XXH, XXH, CRC, CRC])
     refs[2].checksum ^= 1 << 31
     outs = [bytearray(BLOCK) for _ in range(N)]
-    for pipe in (False, True):
-        assert copies.read_verified(mapping, copies.stored(refs), outs, True, pipe) == [2]
+    assert copies.read_verified(mapping, copies.stored(refs), outs, True) == [2]
 
 
 def test_stored_reads_each_ref_into_plain_tuples():
@@ -132,8 +129,8 @@ def test_stored_reads_each_ref_into_plain_tuples():
 
 
 async def test_large_batches_give_the_same_answers_off_the_loop(arena, mapping):
-    """Past OFFLOAD_BYTES the copies run in a worker thread (and piped where
-    two CPUs are available): the same checksums and the same verdicts."""
+    """Past OFFLOAD_BYTES the copies run in a worker thread: the same
+    checksums and the same verdicts."""
     blocks, refs = _saved(arena, mapping, [XXH] * N)
     exts = [_extents(arena, i) for i in range(N)]
     stored = copies.stored(refs)
@@ -149,14 +146,14 @@ async def test_large_batches_give_the_same_answers_off_the_loop(arena, mapping):
         assert await copies.load_verified(mapping, stored, outs, True, nbytes) == [3]
 
 
-def test_bad_extents_raise_and_leave_no_pipe_behind(arena, mapping):
-    blocks, refs = _saved(arena, mapping, [XXH] * N)
-    stored = copies.stored(refs)
-    stored[1] = (XXH, 0, [(arena.size_bytes - 10, BLOCK)])
-    outs = [np.zeros(BLOCK, np.uint8) for _ in range(N)]
-    for pipe in (False, True):
-        with pytest.raises(ValueError, match="outside the data region"):
-            copies.read_verified(mapping, stored, outs, True, pipe)
-    # The helper threads finished: another piped read works.
-    stored[1] = copies.stored(refs)[1]
-    assert copies.read_verified(mapping, stored, outs, True, True) == []
+@pytest.mark.parametrize("ext", [[(0, BLOCK)], [(HEADER_BYTES, BLOCK - 1)],
+                                 [(HEADER_BYTES, BLOCK), (HEADER_BYTES, 1)]],
+                         ids=["header", "short", "long"])
+def test_extents_outside_the_data_region_or_not_a_block_raise(arena, mapping, ext):
+    outs = [np.zeros(BLOCK, np.uint8)]
+    with pytest.raises(ValueError, match="outside the data region|extents hold"):
+        copies.read_verified(mapping, [(XXH, 0, ext)], outs, True)
+    with pytest.raises(ValueError, match="outside the data region|extents hold"):
+        copies.write_summed(mapping, [ext], outs, XXH)
+    with open(arena.path, "rb") as f:
+        assert f.read(8) == b"KVKARENA"   # the header was not written over
