@@ -207,12 +207,13 @@ def copy_run(arena: np.ndarray, lo: int, hi: int, ext: list[Extent], block: np.n
     to detect it, and it drops the GIL (the event loop runs meanwhile).
     The lean path of batches (kvkeeper.client.copies): ~3 us per block of
     Python instead of ~8 through gather_into/scatter_from."""
-    pos, size, step = 0, block.shape[0], PIECE_BYTES
+    pos, size = 0, block.shape[0]
     for off, n in ext:
         end = pos + n
         if off < lo or n <= 0 or off + n > hi or end > size:
             raise ValueError(f"extent ({off}, {n}) is outside the data region [{lo}, {hi}) "
                              f"or past the block's {size} bytes")
+        step = PIECE_BYTES if update is not None else n   # pieces only serve the hash
         for p in range(0, n, step):
             q = min(p + step, n)
             a, b = arena[off + p:off + q], block[pos + p:pos + q]
