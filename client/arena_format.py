@@ -10,7 +10,7 @@ import ctypes
 import os
 import struct
 from operator import index as _index
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
@@ -181,3 +181,48 @@ def scatter_from(mv: memoryview, base: int, ext: list[Extent], total: int, data:
             done += take
         pos = end
 
+
+
+# A batch copy (`copy_run`) moves a block in pieces of at most this size and
+# feeds each piece to the block's checksum right after copying it, while it
+# is still in cache (a piece's source and destination together fit the L2
+# cache), rather than reading the whole block from memory a second time.
+PIECE_BYTES = 256 << 10
+
+Update = Callable[[Any], Any]
+"""A running checksum's update, fed the pieces of a block in order."""
+
+
+def copy_run(arena: np.ndarray, lo: int, hi: int, ext: list[Extent], block: np.ndarray,
+             into_arena: bool, update: Optional[Update]) -> None:
+    """Copy a whole block between `block` (a flat uint8 array of exactly the
+    block's size) and its extents `ext` of `arena` (the mapping as a flat
+    uint8 array; each extent must lie in [lo, hi)), into the arena or out
+    of it. With `update`, feed it the block's bytes piece by piece as they
+    are copied: the destination's on the way out (what a reader gets is
+    what gets checked), the source's on the way in (what a writer gave).
+
+    Always one ufunc pass per piece: as fast as memmove for these sizes, free
+    of memmove's page-aliasing crawl (above) without the address arithmetic
+    to detect it, and it drops the GIL (the event loop runs meanwhile).
+    The lean path of batches (kvkeeper.client.copies): ~3 us per block of
+    Python instead of ~8 through gather_into/scatter_from."""
+    pos, size = 0, block.shape[0]
+    for off, n in ext:
+        end = pos + n
+        if off < lo or n <= 0 or off + n > hi or end > size:
+            raise ValueError(f"extent ({off}, {n}) is outside the data region [{lo}, {hi}) "
+                             f"or past the block's {size} bytes")
+        step = PIECE_BYTES if update is not None else n   # pieces only serve the hash
+        for p in range(0, n, step):
+            q = min(p + step, n)
+            a, b = arena[off + p:off + q], block[pos + p:pos + q]
+            if into_arena:
+                np.positive(b, out=a)
+            else:
+                np.positive(a, out=b)
+            if update is not None:
+                update(b)
+        pos = end
+    if pos != size:
+        raise ValueError(f"the extents hold {pos} bytes but the block {size}")

@@ -23,17 +23,54 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
-from .arena_format import (HEADER_STRUCT, Extent, byte_view, extents_in, gather_into,
-                           parse_header, scatter_from)
+import numpy as np
 
-__all__ = ["ArenaMapping", "file_id", "map_file"]
+from .arena_format import (HEADER_STRUCT, Extent, Update, byte_view, copy_run, extents_in,
+                           gather_into, parse_header, scatter_from)
+
+__all__ = ["ArenaMapping", "file_id", "map_file", "populate"]
 
 
 def map_file(fd: int, size_bytes: int) -> mmap.mmap:
     """A shared read-write mapping of the first `size_bytes` of the open file `fd`."""
     return mmap.mmap(fd, size_bytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+# madvise(MADV_POPULATE_READ), Linux 5.14+ (Python 3.11's mmap has no name for it).
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
+# Populated this much at a time: each madvise holds the GIL while it runs.
+POPULATE_STEP = 64 << 20
+
+
+def populate(mm: mmap.mmap, fd: int, lo: int, hi: int) -> int:
+    """Map into `mm` now the pages of [lo, hi) of the file `fd` that hold data,
+    so that the first copy touching each does not page-fault; holes (pages
+    never written) are skipped, as populating them would allocate them.
+    Returns the bytes populated; 0 where the kernel cannot (before 5.14, or
+    no SEEK_DATA), which only leaves the faults to the first copies."""
+    done = 0
+    pos = lo
+    try:
+        while pos < hi:
+            try:
+                start = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError:   # ENXIO: no data past pos
+                break
+            if start >= hi:
+                break
+            end = min(os.lseek(fd, start, os.SEEK_HOLE), hi)
+            start -= start % mmap.PAGESIZE
+            while start < end:
+                n = min(POPULATE_STEP, end - start)
+                mm.madvise(MADV_POPULATE_READ, start, n)
+                done += n
+                start += n
+            pos = end
+    except (OSError, ValueError, AttributeError):
+        pass   # unsupported here: the first copies fault instead
+    return done
 
 
 def file_id(st: os.stat_result) -> tuple[int, int]:
@@ -46,7 +83,7 @@ class ArenaMapping:
     region, block copies in and out, and its lifetime."""
 
     __slots__ = ("_path", "_size", "_arena_id", "_page_bytes", "_page_count", "_data_offset",
-                 "_file_id", "_mm", "_mv", "_base", "_closed")
+                 "_file_id", "_mm", "_mv", "_base", "_arr", "_closed")
 
     def __init__(self, path: str, size_bytes: int, arena_id: bytes, page_bytes: int,
                  page_count: int, data_offset: int, fid: tuple[int, int],
@@ -61,6 +98,7 @@ class ArenaMapping:
         self._mm: mmap.mmap | None = mm
         self._mv: memoryview | None = memoryview(mm)
         self._base = ctypes.addressof(ctypes.c_char.from_buffer(mm))  # export dropped at once
+        self._arr: np.ndarray | None = None   # the mapping as uint8, made on first use
         self._closed = False
 
     # ---- properties
@@ -160,6 +198,29 @@ class ArenaMapping:
         mv, ext, total = self._checked(extents)
         gather_into(mv, self._base, ext, total, out)
 
+    def _array(self) -> np.ndarray:
+        arr = self._arr
+        if arr is None:
+            if self._mm is None:
+                raise ValueError(f"{type(self).__name__} is closed")
+            arr = self._arr = np.frombuffer(self._mm, dtype=np.uint8)
+        return arr
+
+    def read_block(self, ext: list[Extent], out: np.ndarray,
+                   update: Optional[Update] = None) -> None:
+        """Copy a whole block out: `ext` as plain (offset, length) tuples,
+        `out` a flat writable uint8 array of exactly the block's size; with
+        `update`, feed it the bytes copied into `out`, piece by piece while
+        each is in cache. The lean path of batches (kvkeeper.client.copies):
+        arena_format.copy_run, with read_into's bounds checks."""
+        copy_run(self._array(), self._data_offset, self._size, ext, out, False, update)
+
+    def write_block(self, ext: list[Extent], data: np.ndarray,
+                    update: Optional[Update] = None) -> None:
+        """Copy a whole block in (see read_block): `data` a flat uint8 array of
+        exactly the block's size; `update` is fed the bytes of `data`."""
+        copy_run(self._array(), self._data_offset, self._size, ext, data, True, update)
+
     def write(self, extents: Sequence[Any], data: Any, start: int = 0, *,
               whole: bool = False) -> None:
         """Copy `data` (any C-contiguous bytes-like object) into the block's
@@ -183,6 +244,7 @@ class ArenaMapping:
         mv, mm = self._mv, self._mm
         self._mv = None
         self._mm = None
+        self._arr = None   # a copy still running elsewhere keeps its own reference
         if mv is not None:
             mv.release()
         if mm is not None:

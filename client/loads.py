@@ -17,7 +17,9 @@ from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 from .checks import block_views
 from .checksum import verify
-from .errors import from_rpc_error, protocol_error
+from .arena_format import Extent
+from .copies import extents_of, load_verified, stored
+from .errors import ChecksumError, from_rpc_error, protocol_error
 from .retry import call_with_retry
 from .session import Session
 from .stream import Coverage, chunks, load_stream_method
@@ -27,10 +29,10 @@ from .wire import Chunk
 __all__ = ["Loads"]
 
 
-def _check_span(ref: pb.BlockRef, block_bytes: int, what: str) -> None:
+def _check_span(ext: List[Extent], block_bytes: int, what: str) -> None:
     """A ref whose extents do not add up to a block is the daemon's error,
     caught before any byte is copied or handed out."""
-    length = sum(e.length for e in ref.extents)
+    length = sum(n for _, n in ext)
     if length != block_bytes:
         raise protocol_error(f"{what} spans {length} bytes, not {block_bytes}")
 
@@ -65,12 +67,13 @@ class Loads:
         m = self._transport.mapping
         if m is None:
             return None
-        for i, ref in enumerate(refs):
-            _check_span(ref, self._block_bytes, f"block ref {i}")
+        exts = [extents_of(ref.extents) for ref in refs]
+        for i, ext in enumerate(exts):
+            _check_span(ext, self._block_bytes, f"block ref {i}")
         try:
             if not m.still_valid():
                 return None
-            return [[v.toreadonly() for v in m.gather(ref.extents)] for ref in refs]
+            return [[v.toreadonly() for v in m.gather(ext)] for ext in exts]
         except ValueError as e:
             # Another thread (Client's event loop) may close the mapping meanwhile.
             if m.closed:
@@ -98,10 +101,14 @@ class Loads:
                 raise ValueError(f"lease {lease_id} holds {len(resp.blocks)} blocks but "
                                  f"{len(views)} buffers were given")
             if self._transport.still_current(m):
-                for i, (ref, v) in enumerate(zip(resp.blocks, views)):
-                    _check_span(ref, self._block_bytes, f"block {i} of lease {lease_id}")
-                    m.read_into(ref.extents, v)
-                await self._verify([(r.checksum_algo, r.checksum) for r in resp.blocks], views)
+                blocks = stored(resp.blocks)
+                bb = self._block_bytes
+                for i, (_, _, ext) in enumerate(blocks):
+                    _check_span(ext, bb, f"block {i} of lease {lease_id}")
+                # Each block is verified inside its copy (kvkeeper.client.copies).
+                bad = await load_verified(m, blocks, views, self._verifies, bb * len(views))
+                if bad:
+                    raise ChecksumError(bad)
                 return
         await self._load_stream(lease_id, views)
 

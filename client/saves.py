@@ -19,6 +19,7 @@ from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 from .checks import block_views, check_keys
 from .checksum import checksums
+from .copies import extents_of, save_summed
 from .errors import KVKeeperClientError, from_rpc_error, protocol_error
 from .session import Session
 from .stream import write_blocks_method, write_frames
@@ -81,7 +82,9 @@ class Saves:
                 if len(resp.slots) != len(keys):
                     raise protocol_error(f"ReserveSave returned {len(resp.slots)} slots for "
                                           f"{len(keys)} keys")
-                status = [s.status for s in resp.slots]
+                # One pass over the slots (see copies.extents_of).
+                slots = [(s.status, extents_of(s.extents)) for s in resp.slots]
+                status = [st for st, _ in slots]
                 reserved = [i for i, st in enumerate(status) if st == pb.SLOT_RESERVED]
                 present = status.count(pb.SLOT_PRESENT)
                 in_flight = status.count(pb.SLOT_IN_FLIGHT)
@@ -89,20 +92,24 @@ class Saves:
                     if reserved:
                         raise protocol_error("slots reserved without a reservation id")
                     return SaveResult(0, present, in_flight, 0)
+                commit = pb.CommitSaveRequest(session_id=sid, reservation_id=rid)
+                algo = self._checksum_algo
                 if m is not None:
                     if not self._transport.still_current(m):
                         await self._abort(sid, rid)
                         continue
-                    for i in reserved:
-                        if not resp.slots[i].extents:
+                    exts = [slots[i][1] for i in reserved]
+                    for i, ext in zip(reserved, exts):
+                        if not ext:
                             raise protocol_error(f"reserved slot {i} has no extents")
-                        m.write(resp.slots[i].extents, views[i])
+                    # Each block is checksummed inside its copy (kvkeeper.client.copies).
+                    sums = await save_summed(m, exts, [views[i] for i in reserved], algo,
+                                             self._session.namespace.block_bytes * len(reserved))
                 else:
                     await self._write_stream(sid, rid, [(i, views[i]) for i in reserved])
-                commit = pb.CommitSaveRequest(session_id=sid, reservation_id=rid)
-                if self._checksum_algo != pb.CHECKSUM_NONE:
-                    algo = self._checksum_algo
-                    sums = await checksums([algo] * len(reserved), [views[i] for i in reserved])
+                    sums = (None if algo == pb.CHECKSUM_NONE else
+                            await checksums([algo] * len(reserved), [views[i] for i in reserved]))
+                if sums is not None:
                     per_key = [0] * len(keys)
                     for i, c in zip(reserved, sums):
                         per_key[i] = c or 0

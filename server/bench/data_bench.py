@@ -12,10 +12,12 @@ memory move each way; GB/s is 1e9 bytes per second.
   buffers (Load, copy out of the arena); then, untimed, `release`.
   Baseline: `np.copyto` block by block between two preallocated arrays of the
   same shape (one memcpy of the same bytes: the floor for any copy-in/out).
-  Target >= 0.6x.
+  Informational: the cost of the path without integrity.
 * shm with checksum="xxh3" (the default) and "crc32": the same, with the
-  checksum computed at save and verified at load. Against the same memcpy;
-  xxh3 (what users get) has the shm target, crc32 is informational.
+  checksum computed at save and verified at load (fused with the copy:
+  kvkeeper.client.copies). Against the same memcpy; xxh3 (what users get)
+  carries issue 12's target, >= 0.7x (moonshot 0.9x); crc32 (blocks of older
+  clients) is informational.
 * stream (transport="stream", checksum="none"): save through
   ReserveSave + WriteBlocks (client stream, chunks of the client's
   WRITE_CHUNK_BYTES) + CommitSave; load through LoadStream (chunks of the
@@ -47,6 +49,8 @@ from .sizes import BlockScale, KiB, size_label as _size_label
 
 PAGE_BYTES = 256 * KiB
 KEY_BYTES = 32
+# Issue 12: same-host save and load with the default checksum, >= 0.7x memcpy.
+SHM_TARGET = ">= 0.7"
 
 
 class Scale(BlockScale):
@@ -243,7 +247,7 @@ def _results(times: dict[str, dict[str, list[float]]], n: int, bs: int, label: s
         out.append(Result(
             name=f"data.shm.{d}_gbps.{label}", value=g["shm"][d], unit="GB/s",
             baseline_name="np.copyto of the same blocks", baseline_value=g["memcpy"][d],
-            better="higher", target=">= 0.6",
+            better="higher", target=None,
             params={**base, "transport": "shm", "checksum": "none"},
             note=("AsyncClient.save (ReserveSave + copy into the arena + CommitSave)" if d == "save"
                   else "AsyncClient.load_into (Load + copy out of the arena); match/release untimed")))
@@ -257,7 +261,7 @@ def _results(times: dict[str, dict[str, list[float]]], n: int, bs: int, label: s
                     "chunk_bytes": save_chunk if d == "save" else load_chunk},
             note=("ReserveSave + WriteBlocks + CommitSave" if d == "save"
                   else "LoadStream into preallocated buffers; match/release untimed")))
-    for kind, algo, target in (("shm_xxh3", "xxh3", ">= 0.6"), ("shm_crc32", "crc32", None)):
+    for kind, algo, target in (("shm_xxh3", "xxh3", SHM_TARGET), ("shm_crc32", "crc32", None)):
         for d in ("save", "load"):
             out.append(Result(
                 name=f"data.{kind}.{d}_gbps.{label}", value=g[kind][d], unit="GB/s",

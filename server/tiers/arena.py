@@ -93,6 +93,11 @@ class Arena(ArenaMapping):
         """(file offset, length) pieces covering the first `nbytes` of a block's
         pages, one per contiguous run, in block order; lengths add up to nbytes."""
         pb, page_count = self.page_bytes, self.page_count
+        # The common case, one contiguous run (an int), checked in one step:
+        # every save and load asks this once per block.
+        if (type(pages) is int and 0 <= pages and 0 < n_pages <= page_count - pages
+                and 0 < nbytes <= n_pages * pb):
+            return [(self.data_offset + pages * pb, nbytes)]
         if n_pages <= 0:
             raise ValueError(f"a block has at least one page, got n_pages={n_pages}")
         if not isinstance(pages, int) and len(pages) != n_pages:

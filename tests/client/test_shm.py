@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import multiprocessing as mp
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -360,3 +361,42 @@ def test_address_hint_matches_numpy():
                 memoryview(bytes(5000))[1:], memoryview(np.zeros(5000, np.uint8)).toreadonly()):
         mv = memoryview(obj)
         assert _address(mv) == np.frombuffer(mv, np.uint8).ctypes.data, type(obj)
+
+
+def _faults_reading(view) -> int:
+    """Minor page faults taken while reading `view` (hashing it: no allocation)."""
+    import resource
+
+    from kvkeeper.client.checksum import xxh3_64
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    xxh3_64(view)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+@pytest.mark.skipif(tuple(int(x) for x in re.findall(r"\d+", os.uname().release)[:2]) < (5, 14),
+                    reason="MADV_POPULATE_READ needs Linux 5.14")
+def test_attach_prefaults_the_pages_that_hold_data(shm_path):
+    """A fresh mapping faults on its first touch of each page; attach maps the
+    written pages at once, and leaves holes unallocated (populating them would
+    allocate the whole arena)."""
+    pages = 1024
+    a = Arena.create(shm_path, HEADER_BYTES + pages * PB, PB)
+    try:
+        written = 256 * PB
+        a.view(HEADER_BYTES, written)[:] = b"\x5a" * written
+        allocated = os.stat(shm_path).st_blocks
+        cold = ShmMapping.attach(a.path, a.size_bytes, a.arena_id, prefault=False)
+        warm = ShmMapping.attach(a.path, a.size_bytes, a.arena_id)
+        assert os.stat(shm_path).st_blocks == allocated
+        try:
+            _faults_reading(b"warm-up")
+            warm_faults = _faults_reading(warm.view(HEADER_BYTES, written))
+            cold_faults = _faults_reading(cold.view(HEADER_BYTES, written))
+            assert cold_faults > 0
+            assert warm_faults * 4 < cold_faults
+        finally:
+            cold.close()
+            warm.close()
+    finally:
+        a.close()

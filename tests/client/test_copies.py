@@ -1,0 +1,159 @@
+"""Same-host block copies with their checksums (kvkeeper.client.copies): the
+bytes land where they belong, the checksums equal the one-shot functions over
+the caller's bytes, and a corrupted block is reported, on the event loop's
+thread or in a worker."""
+from __future__ import annotations
+
+import os
+import uuid
+
+import numpy as np
+import pytest
+
+from kvkeeper.client import copies
+from kvkeeper.client.arena_format import PIECE_BYTES
+from kvkeeper.client.checksum import OFFLOAD_BYTES, crc32, xxh3_64
+from kvkeeper.client.shm import ShmMapping
+from kvkeeper.server.tiers.arena import HEADER_BYTES, Arena
+from kvkeeper.v1 import kvkeeper_pb2 as pb
+
+PAGE = 64 << 10
+# Blocks of several pages, larger than a piece, split in two extents each.
+BLOCK = 2 * PIECE_BYTES + 3 * PAGE
+PAGES_PER_BLOCK = -(-BLOCK // PAGE)
+N = 4
+XXH, CRC, NONE = pb.CHECKSUM_XXH3_64, pb.CHECKSUM_CRC32, pb.CHECKSUM_NONE
+
+
+@pytest.fixture
+def arena(tmp_path):
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else str(tmp_path)
+    path = os.path.join(base, f"kvkeeper-test-{os.getpid()}-{uuid.uuid4().hex}")
+    a = Arena.create(path, HEADER_BYTES + (N + 1) * PAGES_PER_BLOCK * PAGE, PAGE)
+    yield a
+    a.close()
+
+
+@pytest.fixture
+def mapping(arena):
+    m = ShmMapping.attach(arena.path, arena.size_bytes, arena.arena_id)
+    assert m is not None
+    yield m
+    m.close()
+
+
+def _extents(arena, i):
+    """Block i on pages that are not one run: its first page comes last."""
+    first = i * PAGES_PER_BLOCK
+    pages = tuple(range(first + 1, first + PAGES_PER_BLOCK)) + (first,)
+    return arena.extents(pages, PAGES_PER_BLOCK, BLOCK)
+
+
+def _blocks(seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, BLOCK, dtype=np.uint8) for _ in range(N)]
+
+
+@pytest.mark.parametrize("algo,fn", [(XXH, xxh3_64), (CRC, crc32)])
+def test_write_summed_copies_and_checksums_the_given_bytes(arena, mapping, algo, fn):
+    blocks = _blocks()
+    exts = [_extents(arena, i) for i in range(N)]
+    assert all(len(e) == 2 for e in exts)
+    sums = copies.write_summed(mapping, exts, blocks, algo)
+    assert sums == [fn(b) for b in blocks]
+    assert [arena.read(e) for e in exts] == [b.tobytes() for b in blocks]
+
+
+def test_write_summed_without_checksum(arena, mapping):
+    blocks = _blocks(1)
+    exts = [_extents(arena, i) for i in range(N)]
+    assert copies.write_summed(mapping, exts, blocks, NONE) is None
+    assert [arena.read(e) for e in exts] == [b.tobytes() for b in blocks]
+
+
+def _saved(arena, mapping, algos):
+    """N blocks saved, and their refs as the daemon would hand them out."""
+    blocks = _blocks(2)
+    exts = [_extents(arena, i) for i in range(N)]
+    refs = []
+    for e, b, algo in zip(exts, blocks, algos):
+        mapping.write(e, b)
+        value = {XXH: xxh3_64, CRC: crc32}[algo](b) if algo != NONE else 0
+        refs.append(pb.BlockRef(key=b"k", checksum_algo=algo, checksum=value,
+                                extents=[pb.Extent(offset=o, length=n) for o, n in e]))
+    return blocks, refs
+
+
+def _flip(arena, ref, at):
+    """Flip one byte of the block's bytes in the arena, `at` bytes into the block."""
+    for e in ref.extents:
+        if at < e.length:
+            v = arena.view(e.offset + at, 1)
+            v[0] ^= 0x01
+            return
+        at -= e.length
+    raise AssertionError("offset beyond the block")
+
+
+def test_read_verified_copies_good_blocks_and_names_bad_ones(arena, mapping):
+    blocks, refs = _saved(arena, mapping, [XXH, CRC, XXH, NONE])
+    outs = [np.zeros(BLOCK, np.uint8) for _ in range(N)]
+    stored = copies.stored(refs)
+    assert copies.read_verified(mapping, stored, outs, True) == []
+    assert all(np.array_equal(o, b) for o, b in zip(outs, blocks))
+    # Corrupt the XXH3 block in its last piece and the CRC32 one in its second
+    # extent; the block stored without a checksum cannot be checked.
+    _flip(arena, refs[0], BLOCK - 1)
+    _flip(arena, refs[1], BLOCK - PAGE // 2)
+    _flip(arena, refs[3], 5)
+    outs = [np.zeros(BLOCK, np.uint8) for _ in range(N)]
+    assert copies.read_verified(mapping, stored, outs, True) == [0, 1]
+    assert np.array_equal(outs[2], blocks[2])
+    # Unverified (checksum="none"), every block is copied as it is.
+    assert copies.read_verified(mapping, stored, outs, False) == []
+    assert outs[0][-1] == blocks[0][-1] ^ 1
+
+
+def test_a_wrong_checksum_value_is_reported(arena, mapping):
+    _, refs = _saved(arena, mapping, [XXH, XXH, CRC, CRC])
+    refs[2].checksum ^= 1 << 31
+    outs = [bytearray(BLOCK) for _ in range(N)]
+    assert copies.read_verified(mapping, copies.stored(refs), outs, True) == [2]
+
+
+def test_stored_reads_each_ref_into_plain_tuples():
+    ref = pb.BlockRef(checksum_algo=CRC, checksum=7,
+                      extents=[pb.Extent(offset=4096, length=10), pb.Extent(offset=0, length=2)])
+    assert copies.stored([ref]) == [(CRC, 7, [(4096, 10), (0, 2)])]
+    assert copies.extents_of(pb.SaveSlot().extents) == []
+
+
+async def test_large_batches_give_the_same_answers_off_the_loop(arena, mapping):
+    """Past OFFLOAD_BYTES the copies run in a worker thread: the same
+    checksums and the same verdicts."""
+    blocks, refs = _saved(arena, mapping, [XXH] * N)
+    exts = [_extents(arena, i) for i in range(N)]
+    stored = copies.stored(refs)
+    for nbytes in (BLOCK, OFFLOAD_BYTES):
+        assert await copies.save_summed(mapping, exts, blocks, XXH, nbytes) == \
+            [xxh3_64(b) for b in blocks]
+        outs = [np.zeros(BLOCK, np.uint8) for _ in range(N)]
+        assert await copies.load_verified(mapping, stored, outs, True, nbytes) == []
+        assert all(np.array_equal(o, b) for o, b in zip(outs, blocks))
+    _flip(arena, refs[3], PIECE_BYTES)
+    for nbytes in (BLOCK, OFFLOAD_BYTES):
+        outs = [np.zeros(BLOCK, np.uint8) for _ in range(N)]
+        assert await copies.load_verified(mapping, stored, outs, True, nbytes) == [3]
+
+
+@pytest.mark.parametrize("ext", [[(0, BLOCK)], [(HEADER_BYTES, BLOCK - 1)],
+                                 [(HEADER_BYTES, BLOCK), (HEADER_BYTES, 1)]],
+                         ids=["header", "short", "long"])
+def test_extents_outside_the_data_region_or_not_a_block_raise(arena, mapping, ext):
+    outs = [np.zeros(BLOCK, np.uint8)]
+    with pytest.raises(ValueError, match="outside the data region|extents hold"):
+        copies.read_verified(mapping, [(XXH, 0, ext)], outs, True)
+    with pytest.raises(ValueError, match="outside the data region|extents hold"):
+        copies.write_summed(mapping, [ext], outs, XXH)
+    with open(arena.path, "rb") as f:
+        assert f.read(8) == b"KVKARENA"   # the header was not written over
