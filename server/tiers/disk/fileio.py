@@ -16,10 +16,14 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import zlib
+
+import xxhash
 
 from kvkeeper.client.checksum import ALGOS
 
-from .header import HEADER_BYTES, HEADER_FIELDS_BYTES, Header, parse_header
+from .header import (CHECKSUM_CRC32, CHECKSUM_XXH3_64, HEADER_BYTES, HEADER_FIELDS_BYTES,
+                     PAYLOAD_ALGOS, Header, parse_header)
 
 CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -67,8 +71,13 @@ def readv_all(fd: int, bufs: list[memoryview], off: int) -> int:
         total += got
 
 
-# Each reader thread's header and past-the-end buffers, reused across reads.
+# Each reader thread's header (whole, and its fields) and past-the-end
+# buffers, reused across reads.
 _scratch = threading.local()
+# The payload checksums a header may name, called on the buffer directly (the
+# same values as client.checksum's, minus its per-call argument checks).
+_DIGEST = {CHECKSUM_XXH3_64: xxhash.xxh3_64_intdigest, CHECKSUM_CRC32: zlib.crc32}
+assert set(_DIGEST) == set(PAYLOAD_ALGOS) <= set(ALGOS)
 
 
 def read_block(fd: int, dst: memoryview) -> tuple[Header | None, int | None]:
@@ -80,17 +89,18 @@ def read_block(fd: int, dst: memoryview) -> tuple[Header | None, int | None]:
     checked, so after a failed check its content is undefined."""
     bufs = _scratch.__dict__.get("bufs")
     if bufs is None:
-        bufs = _scratch.bufs = (memoryview(bytearray(HEADER_BYTES)), memoryview(bytearray(1)))
-    head, past_end = bufs
+        head = memoryview(bytearray(HEADER_BYTES))
+        bufs = _scratch.bufs = (head, head[:HEADER_FIELDS_BYTES], memoryview(bytearray(1)))
+    head, fields, past_end = bufs
     want = HEADER_BYTES + dst.nbytes
     got = os.preadv(fd, [head, dst, past_end], 0)
     if got < want:
         # Short: at EOF (a truncated file) or, on NFS and FUSE, mid-file.
         got = readv_all(fd, [head, dst, past_end], 0)
-    h = parse_header(head[:HEADER_FIELDS_BYTES]) if got >= HEADER_FIELDS_BYTES else None
+    h = parse_header(fields) if got >= HEADER_FIELDS_BYTES else None
     if h is None or h.payload_bytes != dst.nbytes or got != want:
         return h, None
-    return h, ALGOS[h.algo](dst)
+    return h, _DIGEST[h.algo](dst)
 
 
 def unlink_quiet(path: str) -> None:

@@ -237,7 +237,8 @@ class DiskStore:
             h, digest = read_block(fd, dst)
         except OSError as e:
             raise self._io_error(e, "reading a block") from e
-        h = self._check_header(path, fd, h, ns, key)
+        if h is None or h.ns != ns or h.key != key:
+            h = self._check_header(path, fd, h, ns, key)   # raises: not this block
         if digest is None:
             if h.payload_bytes == dst.nbytes:
                 self._corrupt(path, fd, ns, key, "file size differs from its header's")
