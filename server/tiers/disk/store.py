@@ -49,12 +49,13 @@ class DiskStore:
     """Blocks in files under one directory. Create with `DiskStore.open`."""
 
     def __init__(self, root: str, owner_id: str, min_free_bytes: int, fanout_levels: int,
-                 durability: str, syncfs: Callable[[str], None] | None) -> None:
+                 durability: str, syncfs: Callable[[str], None] | None, remote: bool) -> None:
         self.root = root
         self.owner_id = owner_id
         self.fanout_levels = fanout_levels
         self.fsync = durability != NO_SYNC
         self.durability = durability   # how a write becomes durable here (durability.py)
+        self.remote = remote           # a network or FUSE mount
         self.syncfs = syncfs
         self.min_free_bytes = min_free_bytes
         self.layout = Layout(root, fanout_levels)
@@ -106,10 +107,11 @@ class DiskStore:
         make_dirs(root)
         levels = recorded_fanout_levels(root, fanout_levels)
         fstype = mount_fstype(root)
-        store = cls(root, owner_id, min_free_bytes, levels, *durability_for(fstype, fsync))
+        store = cls(root, owner_id, min_free_bytes, levels, *durability_for(fstype, fsync),
+                    remote=is_remote(fstype))
         report = RecoveryReport()
         report.tmp_removed = clean_tmp(store.tmp_dir, owner_id, tmp_max_age_s)
-        if scan_threads is None and is_remote(fstype):
+        if scan_threads is None and store.remote:
             scan_threads = SCAN_THREADS
         for found, bad in scan(store.layout, scan_threads):
             for ns, key, plen in found:

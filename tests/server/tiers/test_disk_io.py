@@ -186,3 +186,40 @@ def test_syncfs_order_fsyncs_new_directories(tmp_path, monkeypatch):
     ns_dir = os.path.dirname(os.path.dirname(s.block_path(NS, key(1))))
     assert dirs[:2] == [s.blocks_dir, ns_dir] and dirs.count(ns_dir) == 2
     assert sum(1 for d in dirs if isinstance(d, tuple)) == 2
+
+
+class _Memory:
+    """A destination tier of plain memory: copy_block reads straight into its view."""
+
+    def __init__(self, n: int) -> None:
+        self.buf = bytearray(n)
+
+    def view(self, loc):
+        return memoryview(self.buf)
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_tier_loads_pin_only_on_network_mounts(tmp_path, monkeypatch, remote):
+    """A local file deleted mid-read stays readable through its descriptor, so
+    a local load writes no pin file; on a network mount it pins, then unpins."""
+    from kvkeeper.server.ledger.disk_index import DiskIndex
+    from kvkeeper.server.tiers.disk import RecoveryReport
+    from kvkeeper.server.tiers.disk_tier import DiskTier
+
+    s = open_store(tmp_path)
+    s.remote = remote
+    payload = data(64 * KiB, 6)
+    s.write(NS, key(1), payload)
+    pins = []
+    real_pin = s.pin
+    monkeypatch.setattr(s, "pin", lambda *a, **kw: (pins.append(a[:2]), real_pin(*a, **kw))[1])
+    tier = DiskTier(s, DiskIndex(1 << 30), write_policy="write-through", admit_after_hits=0,
+                    recovery=RecoveryReport(), threads=1)
+    try:
+        dst = _Memory(len(payload))
+        assert tier.read_into(tier.loc(NS, key(1), len(payload)), dst, None)[0] == 2
+        assert dst.buf == payload
+        assert pins == ([(NS, key(1))] if remote else [])
+        assert not s.pinned_by_others(NS, key(1), "someone-else")   # unpinned after
+    finally:
+        tier.pool.shutdown()
