@@ -7,11 +7,12 @@ import os
 import zlib
 
 import pytest
+import xxhash
 
 from disk_helpers import KiB, NS, data, key, open_store, quarantine
-from kvkeeper.server.tiers.disk import (CHECKSUM_CRC32, HEADER_BYTES, HEADER_FIELDS_BYTES,
-                                        HEADER_STRUCT, MAGIC, CorruptBlock, DiskStore,
-                                        pack_header, parse_header)
+from kvkeeper.server.tiers.disk import (CHECKSUM_CRC32, CHECKSUM_XXH3_64, HEADER_BYTES,
+                                        HEADER_FIELDS_BYTES, HEADER_STRUCT, MAGIC, CorruptBlock,
+                                        DiskStore, pack_header, parse_header)
 from kvkeeper.server.tiers.disk import durability as durability_mod
 from kvkeeper.server.tiers.disk import fileio
 from kvkeeper.server.tiers.disk import store as store_mod
@@ -44,10 +45,14 @@ def test_parse_header_agrees_with_the_format_on_every_byte_flip():
     assert parse_header(b"short") is None
 
 
-def test_short_reads_are_completed(tmp_path, monkeypatch):
+SIZES = [300 * KiB, 3 * (1 << 20) + 5000]
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_short_reads_are_completed(tmp_path, monkeypatch, n):
     """NFS and FUSE may return less than asked mid-file: the loop finishes the read."""
     s = open_store(tmp_path)
-    payload = data(300 * KiB, 4)
+    payload = data(n, 4)
     s.write(NS, key(1), payload)
     real = os.preadv
     calls = []
@@ -60,13 +65,14 @@ def test_short_reads_are_completed(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "preadv", dribble)
     out = bytearray(len(payload))
     s.read_into(NS, key(1), out)
-    assert out == payload and len(calls) > 100
+    assert out == payload and len(calls) > n // 1000
     assert s.read(NS, key(1)) == payload
 
 
-def test_one_preadv_per_load(tmp_path, monkeypatch):
+@pytest.mark.parametrize("n", [64 * KiB] + SIZES)
+def test_one_preadv_per_load(tmp_path, monkeypatch, n):
     s = open_store(tmp_path)
-    s.write(NS, key(1), data(64 * KiB, 2))
+    s.write(NS, key(1), data(n, 2))
     calls = []
 
     def counting(name):
@@ -75,22 +81,23 @@ def test_one_preadv_per_load(tmp_path, monkeypatch):
 
     for name in ("preadv", "pread", "fstat", "stat"):
         monkeypatch.setattr(os, name, counting(name))
-    s.read_into(NS, key(1), bytearray(64 * KiB))
+    s.read_into(NS, key(1), bytearray(n))
     monkeypatch.undo()
     assert calls == ["preadv"]    # no separate header read, no size check by stat
 
 
-@pytest.mark.parametrize("change", ["longer", "shorter"])
-def test_file_size_other_than_its_header_says_is_corrupt(tmp_path, change):
+@pytest.mark.parametrize("n", [20000] + SIZES)
+@pytest.mark.parametrize("change", ["longer", "shorter", "mid-piece"])
+def test_file_size_other_than_its_header_says_is_corrupt(tmp_path, change, n):
     s = open_store(tmp_path)
-    payload = data(20000, 1)
+    payload = data(n, 1)
     s.write(NS, key(1), payload)
     path = s.block_path(NS, key(1))
     if change == "longer":
         with open(path, "ab") as f:
             f.write(b"\0")
     else:
-        os.truncate(path, HEADER_BYTES + len(payload) - 1)
+        os.truncate(path, HEADER_BYTES + len(payload) - (1 if change == "shorter" else n // 2))
     with pytest.raises(CorruptBlock, match="size"):
         s.read_into(NS, key(1), bytearray(len(payload)))
     assert s.quarantined == 1 and not os.path.exists(path)
@@ -108,18 +115,24 @@ def test_wrong_size_buffer_on_a_truncated_file_is_corruption_not_bad_input(tmp_p
     assert s.read(NS, key(2)) == data(9000) and len(quarantine(s)) == 1
 
 
-def test_a_crc32_file_verifies_and_its_corruption_is_caught(tmp_path):
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("algo", [CHECKSUM_CRC32, CHECKSUM_XXH3_64])
+def test_a_flipped_bit_anywhere_is_caught_with_either_checksum(tmp_path, n, algo):
+    """Files written with CRC32 (earlier daemons) verify; a flipped bit near
+    the start, in the middle or in the last byte fails the read."""
     s = open_store(tmp_path)
-    payload = data(256 * KiB, 9)
-    s.write(NS, key(1), payload, (CHECKSUM_CRC32, zlib.crc32(payload)))
-    out = bytearray(len(payload))
-    assert s.read_into(NS, key(1), out) == (CHECKSUM_CRC32, zlib.crc32(payload))
-    assert out == payload
-    with open(s.block_path(NS, key(1)), "r+b") as f:
-        f.seek(HEADER_BYTES + 200 * KiB)
-        f.write(bytes([payload[200 * KiB] ^ 0x80]))
-    with pytest.raises(CorruptBlock, match="checksum"):
-        s.read_into(NS, key(1), out)
+    payload = data(n, 9)
+    value = zlib.crc32(payload) if algo == CHECKSUM_CRC32 else xxhash.xxh3_64_intdigest(payload)
+    out = bytearray(n)
+    for i, at in enumerate((10, n // 2, n - 1)):
+        s.write(NS, key(i), payload, (algo, value))
+        assert s.read_into(NS, key(i), out) == (algo, value) and out == payload
+        with open(s.block_path(NS, key(i)), "r+b") as f:
+            f.seek(HEADER_BYTES + at)
+            f.write(bytes([payload[at] ^ 0x80]))
+        with pytest.raises(CorruptBlock, match="checksum"):
+            s.read_into(NS, key(i), out)
+    assert s.checksum_failures == s.quarantined == 3
 
 
 def test_read_block_reports_without_raising(tmp_path):
