@@ -7,7 +7,8 @@ right; this module only moves bytes across the disk's boundary, always in
 its thread pool, never on the event loop. Sharing a directory: a copy being
 read carries a pin file, so the garbage collector of any daemon keeps it;
 only the holder of the GC lease (renewed every GC_INTERVAL_S) deletes
-evicted files or sweeps expired pins, and never a file another daemon pins.
+evicted files or sweeps expired pins, and never a file another daemon pins
+(pins are taken on network mounts: a local file deleted mid-read stays readable).
 """
 from __future__ import annotations
 
@@ -177,8 +178,13 @@ class DiskTier:
         """Copy a stored block into another tier (blocking); returns the checksum
         its writer committed, which the file keeps. TierError when the copy is
         unreadable: NotStored (gone), CorruptBlock, DiskIOError."""
-        # The pin file tells the GC owner (maybe another daemon) not to delete
-        # the file while it is being read.
+        if not self.store.remote:
+            # On a local filesystem a file deleted mid-read stays readable
+            # through its open descriptor: no pin needed (one saved a tmp file,
+            # a write, a rename and an unlink per load).
+            return copy_block(self.backend, loc, dst, dst_loc, loc.nbytes)
+        # On a network mount another host's GC deleting the file would fail
+        # the read: the pin file tells the GC owner not to delete it meanwhile.
         owner = self.store.owner_id
         self.store.pin(loc.ns, loc.key, owner, PIN_TTL_S)
         try:

@@ -1,17 +1,28 @@
-"""How a write becomes durable: syncfs(2) on a local filesystem, per-file and
-directory fsync on a network or FUSE mount, and which of the two a path is on.
+"""How a write becomes durable, on which filesystem: the three orders of
+`DiskStore.write`, and which one a path gets.
 
-On a local filesystem `DiskStore.write` puts header and payload in a fresh
-tmp file (O_EXCL), renames it over the block's path and calls syncfs(2) once:
-one journal commit covers data and rename, half the cost of two fsyncs. A
-crash before syncfs returns may leave a torn file, but that write was never
-acknowledged and the checksums turn it into a miss. On a network or FUSE
-mount (no useful syncfs) it fsyncs the tmp file, renames it over the block's
-path and fsyncs the block's directory (and, once per process, the parents of
-the fan-out directories it uses: `DurableDirs`), so a block is either absent
-or complete after a crash, and present once `write` has returned. Deletes are
-not fsynced: a deleted block that comes back after a crash is still a valid
-block.
+Every write puts header and payload in a fresh tmp file (O_EXCL) and renames
+it over the block's path; what makes that durable before `write` returns:
+
+- FSYNC_AFTER_RENAME (ext4, XFS, btrfs): rename, then fsync the file. There
+  fsync persists the inode's latest change, the rename included: ext4 and XFS
+  commit the journal transaction that holds it (one commit for data and
+  name), btrfs logs the new name with the inode, and ext4 without a journal
+  syncs the directory of a not-yet-synced inode's new entry, which after the
+  rename is the block's directory (ext4_sync_parent). That is the guarantee
+  a plain create + write + fsync of a new file already relies on for its
+  name, at the same cost: one flush. The two orders below cost up to twice
+  that (two flushes, or a whole-filesystem sync that also waits for every
+  other process's dirty data on it).
+- SYNCFS (other local filesystems): rename, then syncfs(2) once.
+- FSYNC_AND_DIR (network and FUSE mounts, or where syncfs is missing): fsync
+  the tmp file, rename, fsync the block's directory.
+
+In the first two a crash before `write` returns may leave a torn file under
+the block's name, but that write was never acknowledged and the checksums
+turn a torn file into a miss. Fan-out directories are made durable before a
+block is renamed into them (`DurableDirs`). Deletes are not fsynced: a
+deleted block that comes back after a crash is still a valid block.
 """
 from __future__ import annotations
 
@@ -63,8 +74,17 @@ def find_syncfs() -> Callable[[str], None] | None:
     return syncfs
 
 
-def is_remote_fs(path: str) -> bool:
-    """Whether `path` lies on a network or FUSE filesystem (per /proc/self/mountinfo)."""
+FSYNC_AFTER_RENAME = "fsync-after-rename"
+SYNCFS = "syncfs"
+FSYNC_AND_DIR = "fsync-and-dir"
+NO_SYNC = "none"   # fsync=False: tests and benchmarks that measure everything else
+# Local filesystems whose fsync of a file persists its latest rename (see above).
+_FSYNC_PERSISTS_RENAME = frozenset({"ext4", "xfs", "btrfs"})
+
+
+def mount_fstype(path: str) -> str:
+    """The type of the filesystem holding `path` (per /proc/self/mountinfo),
+    or "" when that cannot be read."""
     real = os.path.realpath(path)
     best, fstype = "", ""
     try:
@@ -78,14 +98,44 @@ def is_remote_fs(path: str) -> bool:
                 if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
                     best, fstype = mnt, right.split()[0]
     except OSError:
-        return False
+        return ""
+    return fstype
+
+
+def is_remote(fstype: str) -> bool:
+    """Whether a filesystem of this type is a network or FUSE one."""
     return fstype in _REMOTE_FS or fstype.startswith("fuse")
+
+
+def is_remote_fs(path: str) -> bool:
+    """Whether `path` lies on a network or FUSE filesystem."""
+    return is_remote(mount_fstype(path))
+
+
+def durability_for(fstype: str, fsync: bool) -> tuple[str, Callable[[str], None] | None]:
+    """Which write order (FSYNC_AFTER_RENAME, SYNCFS, FSYNC_AND_DIR, NO_SYNC)
+    a store on a filesystem of type `fstype` uses, and the syncfs for SYNCFS."""
+    if not fsync:
+        return NO_SYNC, None
+    if is_remote(fstype):
+        return FSYNC_AND_DIR, None
+    if fstype in _FSYNC_PERSISTS_RENAME:
+        return FSYNC_AFTER_RENAME, None
+    syncfs = find_syncfs()
+    return (SYNCFS, syncfs) if syncfs is not None else (FSYNC_AND_DIR, None)
 
 
 class DurableDirs:
     """Fan-out directories created on demand, each with its parent fsynced
     once per process (when `fsync`), so a block or pin renamed into one is
-    reachable after a crash. Safe to call from many threads."""
+    reachable after a crash. Safe to call from many threads.
+
+    A store writing FSYNC_AFTER_RENAME passes fsync=False: there the block's
+    own fsync also persists the new directories above it (the journal commits
+    in order; ext4 without a journal syncs every parent of a new entry up the
+    chain), and the directory fsync cost a flush of its own on a namespace's
+    first ~256 writes. Directories are made one by one as needed, not all 256
+    at once: a mkdir here cost ~0.5 ms (the 256 of a fan-out ~150 ms)."""
 
     def __init__(self, fsync: bool) -> None:
         self.fsync = fsync

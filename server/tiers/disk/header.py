@@ -55,6 +55,12 @@ HEADER_STRUCT = struct.Struct("<8sII16sQQIHH64sII")
 assert HEADER_STRUCT.size == HEADER_FIELDS_BYTES
 _HEADER_CRC_AT = HEADER_FIELDS_BYTES - 4
 _HEADER_PAD = bytes(HEADER_BYTES - HEADER_FIELDS_BYTES)
+# What every valid header starts with (magic, version, header size), and the
+# fields after it: parse_header compares the one and unpacks the other.
+_PREFIX = struct.pack("<8sII", MAGIC, FORMAT_VERSION, HEADER_BYTES)
+_PREFIX_BYTES = len(_PREFIX)
+_FIELDS_AFTER_PREFIX = struct.Struct("<" + HEADER_STRUCT.format[len("<8sII"):])
+assert _PREFIX_BYTES + _FIELDS_AFTER_PREFIX.size == HEADER_FIELDS_BYTES
 
 
 def pack_header(ns: bytes, key: bytes, payload_bytes: int, checksum: int,
@@ -76,22 +82,30 @@ class Header(NamedTuple):
     algo: int       # CHECKSUM_CRC32 or CHECKSUM_XXH3_64: how `checksum` was computed
 
 
-def parse_header(raw: bytes) -> Header | None:
-    """The header in `raw`, or None if it is not a valid version-1 header."""
-    if len(raw) != HEADER_FIELDS_BYTES:
+_new_header = tuple.__new__   # Header(*fields) without its generated __new__ (a Python call)
+
+
+def parse_header(raw: bytes | memoryview) -> Header | None:
+    """The header in `raw` (HEADER_FIELDS_BYTES of a file's start), or None if
+    it is not a valid version-1 header. On every load and for every file at
+    start-up, so it is lean: the fixed prefix is compared as bytes and the
+    tuple is built without the NamedTuple's Python-level __new__."""
+    if len(raw) != HEADER_FIELDS_BYTES or raw[:_PREFIX_BYTES] != _PREFIX:
         return None
-    (magic, version, hsize, ns, plen, crc, algo, klen, _r16, key, _r32,
-     hcrc) = HEADER_STRUCT.unpack(raw)
-    if (magic != MAGIC or version != FORMAT_VERSION or hsize != HEADER_BYTES
-            or algo not in PAYLOAD_ALGOS or not MIN_KEY_BYTES <= klen <= MAX_KEY_BYTES
+    ns, plen, crc, algo, klen, _r16, key, _r32, hcrc = _FIELDS_AFTER_PREFIX.unpack_from(
+        raw, _PREFIX_BYTES)
+    if (algo not in PAYLOAD_ALGOS or not MIN_KEY_BYTES <= klen <= MAX_KEY_BYTES
             or (algo == CHECKSUM_CRC32 and crc > 0xFFFFFFFF)
             or zlib.crc32(raw[:_HEADER_CRC_AT]) != hcrc):
         return None
-    return Header(ns, key[:klen], plen, crc, algo)
+    return _new_header(Header, (ns, key[:klen], plen, crc, algo))
 
 
 def check_ns_key(ns: Any, key: Any) -> tuple[bytes, bytes]:
     """ns and key as bytes, or ValueError: only their hex ever reaches a path."""
+    if (type(ns) is bytes and type(key) is bytes and len(ns) == NS_BYTES
+            and MIN_KEY_BYTES <= len(key) <= MAX_KEY_BYTES):
+        return ns, key   # the usual case, on every read and write: no copies
     if not isinstance(ns, (bytes, bytearray)) or len(ns) != NS_BYTES:
         raise ValueError(f"namespace must be {NS_BYTES} bytes, got {type(ns).__name__} "
                          f"of length {len(ns) if isinstance(ns, (bytes, bytearray)) else '?'}")

@@ -130,8 +130,10 @@ class Layout:
     def block_path(self, ns: bytes, key: bytes) -> str:
         ns, key = check_ns_key(ns, key)
         kh = key.hex()
-        fan = [kh[2 * i:2 * i + 2] for i in range(self.fanout_levels)]
-        return os.path.join(self.blocks_dir, ns.hex()[:16], *fan, kh + BLOCK_SUFFIX)
+        # String formatting, not os.path.join: this runs on every read and write.
+        if self.fanout_levels == 1:
+            return f"{self.blocks_dir}/{ns[:8].hex()}/{kh[:2]}/{kh}{BLOCK_SUFFIX}"
+        return f"{self.blocks_dir}/{ns[:8].hex()}/{kh[:2]}/{kh[2:4]}/{kh}{BLOCK_SUFFIX}"
 
     def pin_dir(self, ns: bytes, key: bytes) -> str:
         return os.path.join(self.pins_dir, ns.hex()[:16], key.hex()[0:2])

@@ -26,17 +26,19 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from contextlib import suppress
+from typing import Any, NoReturn
 
 from kvkeeper.client.arena_format import byte_view
 from kvkeeper.client.checksum import checksum as payload_checksum
 
-from .durability import DurableDirs, find_syncfs, fsync_dir, is_remote_fs
+from .durability import (FSYNC_AFTER_RENAME, FSYNC_AND_DIR, NO_SYNC, SYNCFS, DurableDirs,
+                         durability_for, fsync_dir, is_remote, mount_fstype)
 from .errors import CorruptBlock, DiskIOError, NotStored, disk_io_error
-from .fileio import CLOEXEC, NOFOLLOW, RDONLY, pread_all, preadv_all, unlink_quiet, write_all
+from .fileio import CLOEXEC, NOFOLLOW, RDONLY, read_block, unlink_quiet, write_all
 from .gclock import GcLock
-from .header import (HEADER_BYTES, HEADER_FIELDS_BYTES, PAYLOAD_ALGOS, WRITE_ALGO, check_ns_key,
-                     pack_header, parse_header)
+from .header import (HEADER_BYTES, HEADER_FIELDS_BYTES, PAYLOAD_ALGOS, WRITE_ALGO, Header,
+                     check_ns_key, pack_header, parse_header)
 from .layout import Layout, check_owner, make_dirs, recorded_fanout_levels, tmp_path
 from .pins import Pins
 from .recovery import SCAN_THREADS, RecoveryReport, clean_tmp, scan
@@ -46,12 +48,15 @@ from .verify import VerifyReport, verify_blocks
 class DiskStore:
     """Blocks in files under one directory. Create with `DiskStore.open`."""
 
-    def __init__(self, root: str, owner_id: str, fsync: bool, min_free_bytes: int,
-                 fanout_levels: int) -> None:
+    def __init__(self, root: str, owner_id: str, min_free_bytes: int, fanout_levels: int,
+                 durability: str, syncfs: Callable[[str], None] | None, remote: bool) -> None:
         self.root = root
         self.owner_id = owner_id
         self.fanout_levels = fanout_levels
-        self.fsync = fsync
+        self.fsync = durability != NO_SYNC
+        self.durability = durability   # how a write becomes durable here (durability.py)
+        self.remote = remote           # a network or FUSE mount
+        self.syncfs = syncfs
         self.min_free_bytes = min_free_bytes
         self.layout = Layout(root, fanout_levels)
         self.blocks_dir = self.layout.blocks_dir
@@ -62,11 +67,10 @@ class DiskStore:
         self._lock = threading.Lock()
         self._index: dict[tuple[bytes, bytes], int] = {}   # (ns, key) -> payload bytes
         self._used = 0                                      # file bytes of indexed blocks
-        self._dirs = DurableDirs(fsync)
+        # The block's own fsync covers its new directories (DurableDirs).
+        self._dirs = DurableDirs(durability not in (NO_SYNC, FSYNC_AFTER_RENAME))
         self._pid = os.getpid()
         self._pins = Pins(self.layout, self._dirs, self._tmp_path)
-        # syncfs(2) when the directory is local; per-file and directory fsync otherwise.
-        self.syncfs: Callable[[str], None] | None = None
         # Counters (monotonic), read by the metrics collector.
         self.bytes_read = 0
         self.bytes_written = 0
@@ -102,12 +106,12 @@ class DiskStore:
         root = os.path.abspath(root)
         make_dirs(root)
         levels = recorded_fanout_levels(root, fanout_levels)
-        store = cls(root, owner_id, fsync, min_free_bytes, levels)
-        if fsync and not is_remote_fs(root):
-            store.syncfs = find_syncfs()
+        fstype = mount_fstype(root)
+        store = cls(root, owner_id, min_free_bytes, levels, *durability_for(fstype, fsync),
+                    remote=is_remote(fstype))
         report = RecoveryReport()
         report.tmp_removed = clean_tmp(store.tmp_dir, owner_id, tmp_max_age_s)
-        if scan_threads is None and is_remote_fs(root):
+        if scan_threads is None and store.remote:
             scan_threads = SCAN_THREADS
         for found, bad in scan(store.layout, scan_threads):
             for ns, key, plen in found:
@@ -119,8 +123,6 @@ class DiskStore:
         report.bytes = store._used
         report.seconds = time.perf_counter() - t0
         return store, report
-
-    # ------------------------------------------------------------ paths
 
     def block_path(self, ns: bytes, key: bytes) -> str:
         return self.layout.block_path(ns, key)
@@ -155,35 +157,31 @@ class DiskStore:
         fd = -1
         renamed = False
         try:
-            if self.min_free_bytes:
-                free = self.fs_free_bytes()
-                if free - total < self.min_free_bytes:
-                    raise OSError(errno.ENOSPC, f"would leave under min_free_bytes="
-                                                f"{self.min_free_bytes}")
+            if self.min_free_bytes and self.fs_free_bytes() - total < self.min_free_bytes:
+                raise OSError(errno.ENOSPC, f"would leave under min_free_bytes="
+                                            f"{self.min_free_bytes}")
             self._dirs.ensure(os.path.dirname(path), self.blocks_dir)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | CLOEXEC | NOFOLLOW, 0o640)
             write_all(fd, [memoryview(head), src])
-            if self.fsync and self.syncfs is None:
+            if self.durability == FSYNC_AFTER_RENAME:
+                os.replace(tmp, path)   # then one fsync for data and name (durability.py)
+                renamed = True
+                os.fsync(fd)
+            elif self.durability == FSYNC_AND_DIR:
                 os.fsync(fd)
             os.close(fd)   # NFS reports deferred write errors here
             fd = -1
-            os.replace(tmp, path)
-            renamed = True
-            if self.fsync:
-                if self.syncfs is not None:
-                    # One flush of the filesystem makes data and rename durable
-                    # together (one journal commit instead of two). A crash before
-                    # it returns can leave a torn file, but the write was not yet
-                    # acknowledged and the CRCs turn a torn file into a miss.
+            if not renamed:
+                os.replace(tmp, path)
+                renamed = True
+                if self.durability == SYNCFS and self.syncfs is not None:
                     self.syncfs(os.path.dirname(path))
-                else:
+                elif self.durability == FSYNC_AND_DIR:
                     fsync_dir(os.path.dirname(path))
         except OSError as e:
             if fd >= 0:
-                try:
+                with suppress(OSError):
                     os.close(fd)
-                except OSError:
-                    pass
             unlink_quiet(tmp)
             if renamed:
                 # Published but not known durable: a failed write leaves no block.
@@ -205,76 +203,96 @@ class DiskStore:
     def read_into(self, ns: bytes, key: bytes, out: Any) -> tuple[int, int]:
         """Read the block's payload straight into `out`, a writable buffer of
         exactly its size; returns the (algorithm, value) it was verified
-        against. On CorruptBlock the content of `out` is undefined."""
+        against. After any error the content of `out` is undefined (the file
+        is read into it in one go, header checks after)."""
         dst = byte_view(out, writable=True)
-        return self._read(ns, key, dst)[1]
-
-    def read(self, ns: bytes, key: bytes) -> bytes:
-        """The block's payload."""
-        data = self._read(ns, key, None)[0]
-        assert data is not None
-        return data
-
-    def _read(self, ns: Any, key: Any,
-              dst: memoryview | None) -> tuple[bytes | None, tuple[int, int]]:
         ns, key = check_ns_key(ns, key)
-        path = self.block_path(ns, key)
-        what = f"reading a block"
+        path = self.layout.block_path(ns, key)
+        fd = self._open_block(path, ns, key)
         try:
-            fd = os.open(path, RDONLY)
-        except FileNotFoundError:
-            self._forget(ns, key)
-            raise NotStored(f"a block is not on the disk tier") from None
-        except OSError as e:
-            raise self._io_error(e, what) from e
-        try:
-            try:
-                raw = os.pread(fd, HEADER_FIELDS_BYTES, 0)
-                st = os.fstat(fd)
-            except OSError as e:
-                raise self._io_error(e, what) from e
-            h = parse_header(raw)
-            if h is not None and h.ns != ns and h.ns.hex()[:16] == ns.hex()[:16]:
-                # Another namespace whose digest shares 64 bits with ours: its
-                # block, intact, not ours. A miss, not corruption.
-                raise NotStored(f"a block is not on the disk tier")
-            if h is None or h.ns != ns or h.key != key or st.st_size != HEADER_BYTES + h.payload_bytes:
-                self._corrupt(path, st, ns, key, "bad header or truncated file")
-            assert h is not None
-            n = h.payload_bytes
-            if dst is not None and dst.nbytes != n:
-                raise ValueError(f"out holds {dst.nbytes} bytes, the block {n}")
-            data: bytes | None = None
-            try:
-                if dst is None:
-                    data = pread_all(fd, n)
-                    got, view = len(data), memoryview(data)
-                else:
-                    got, view = preadv_all(fd, dst), dst
-            except OSError as e:
-                raise self._io_error(e, what) from e
-            if got != n:
-                self._corrupt(path, st, ns, key, "file shrank while being read")
-            if payload_checksum(h.algo, view) != h.checksum:
-                self._corrupt(path, st, ns, key, "payload checksum mismatch")
+            h = self._read_fd(path, fd, ns, key, dst)
         finally:
             os.close(fd)
+        self._count_read(ns, key, h.payload_bytes)
+        return h.algo, h.checksum
+
+    def read(self, ns: bytes, key: bytes) -> bytes:
+        """The block's payload (a copy: `read_into` is the fast path)."""
+        ns, key = check_ns_key(ns, key)
+        path = self.layout.block_path(ns, key)
+        fd = self._open_block(path, ns, key)
+        try:
+            try:
+                raw = os.pread(fd, HEADER_FIELDS_BYTES, 0)   # for the payload's size
+            except OSError as e:
+                raise self._io_error(e, "reading a block") from e
+            buf = bytearray(self._check_header(path, fd, parse_header(raw), ns, key).payload_bytes)
+            self._read_fd(path, fd, ns, key, memoryview(buf))
+        finally:
+            os.close(fd)
+        self._count_read(ns, key, len(buf))
+        return bytes(buf)
+
+    def _read_fd(self, path: str, fd: int, ns: bytes, key: bytes, dst: memoryview) -> Header:
+        """The checked read of the block open as `fd` into `dst`: its header."""
+        try:
+            h, digest = read_block(fd, dst)
+        except OSError as e:
+            raise self._io_error(e, "reading a block") from e
+        if h is None or h.ns != ns or h.key != key:
+            h = self._check_header(path, fd, h, ns, key)   # raises: not this block
+        if digest is None:
+            if h.payload_bytes == dst.nbytes:
+                self._corrupt(path, fd, ns, key, "file size differs from its header's")
+            if self._file_size(fd) != HEADER_BYTES + h.payload_bytes:
+                self._corrupt(path, fd, ns, key, "bad header or truncated file")
+            raise ValueError(f"out holds {dst.nbytes} bytes, the block {h.payload_bytes}")
+        if digest != h.checksum:
+            self._corrupt(path, fd, ns, key, "payload checksum mismatch")
+        return h
+
+    def _file_size(self, fd: int) -> int:
+        try:
+            return os.fstat(fd).st_size
+        except OSError as e:
+            raise self._io_error(e, "reading a block") from e
+
+    def _open_block(self, path: str, ns: bytes, key: bytes) -> int:
+        try:
+            return os.open(path, RDONLY)
+        except FileNotFoundError:
+            self._forget(ns, key)
+            raise NotStored("a block is not on the disk tier") from None
+        except OSError as e:
+            raise self._io_error(e, "reading a block") from e
+
+    def _check_header(self, path: str, fd: int, h: Header | None, ns: bytes,
+                      key: bytes) -> Header:
+        """The header if it names (ns, key); NotStored for a namespace twin's
+        block, CorruptBlock (quarantined) for anything else."""
+        if h is not None and h.ns != ns and h.ns[:8] == ns[:8]:
+            # Another namespace whose digest shares 64 bits with ours: its
+            # block, intact, not ours. A miss, not corruption.
+            raise NotStored("a block is not on the disk tier")
+        if h is None or h.ns != ns or h.key != key:
+            self._corrupt(path, fd, ns, key, "bad header")
+        return h
+
+    def _count_read(self, ns: bytes, key: bytes, n: int) -> None:
         with self._lock:
             self.bytes_read += n
             if self._index.get((ns, key)) != n:
                 self._record(ns, key, n)
-        return data, (h.algo, h.checksum)
 
-    def _corrupt(self, path: str, st: os.stat_result, ns: bytes, key: bytes, why: str) -> None:
+    def _corrupt(self, path: str, fd: int, ns: bytes, key: bytes, why: str) -> NoReturn:
+        """Count, quarantine the file open as `fd` (if still at `path`) and raise."""
         with self._lock:
             self.checksum_failures += 1
         # Quarantine only the file we read: a writer may have just replaced it.
-        try:
-            now = os.stat(path, follow_symlinks=False)
+        with suppress(OSError):
+            st, now = os.fstat(fd), os.stat(path, follow_symlinks=False)
             if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
                 self._quarantine(path)
-        except OSError:
-            pass
         self._forget(ns, key)
         raise CorruptBlock(f"a block on the disk tier failed its check ({why}); "
                            "moved to quarantine, treat it as a miss")
