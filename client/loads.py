@@ -20,7 +20,7 @@ from .checksum import verify
 from .errors import from_rpc_error, protocol_error
 from .retry import call_with_retry
 from .session import Session
-from .stream import Coverage, chunks, load_stream_method
+from .stream import Coverage, chunks, load_request, load_stream_method
 from .transport import Transport
 from .wire import Chunk
 
@@ -112,7 +112,7 @@ class Loads:
         s = self._session
         s.check_open()
         cov = Coverage(lease_id, self._block_bytes, max_blocks)
-        req = pb.LoadRequest(session_id=s.id, lease_id=lease_id)
+        req = load_request(s.id, lease_id)
         try:
             call = self._load_stream_rpc(req, timeout=s.timeout, metadata=s.metadata)
             async for ch in chunks(call, cov):
@@ -127,7 +127,7 @@ class Loads:
         s = self._session
         s.check_open()
         bb = self._block_bytes
-        req = pb.LoadRequest(session_id=s.id, lease_id=lease_id)
+        req = load_request(s.id, lease_id)
 
         async def attempt() -> Tuple[Coverage, dict]:
             cov = Coverage(lease_id, bb, len(views) if views is not None else None)

@@ -16,9 +16,17 @@ from kvkeeper.v1 import kvkeeper_pb2 as pb
 from .errors import protocol_error
 from .wire import Chunk, encode_write_chunk, parse_block_chunk
 
-__all__ = ["Coverage", "chunks", "load_stream_method", "write_blocks_method", "write_frames"]
+__all__ = ["Coverage", "chunks", "load_request", "load_stream_method", "write_blocks_method",
+           "write_frames"]
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["KVKeeper"].full_name
+
+
+def load_request(session_id: str, lease_id: int) -> pb.LoadRequest:
+    """LoadStream's request. pack_blocks: small blocks come several to a
+    message (Coverage.take splits them), a fraction of the per-message cost
+    of gRPC on both sides; a daemon that ignores it sends one per message."""
+    return pb.LoadRequest(session_id=session_id, lease_id=lease_id, pack_blocks=True)
 
 
 def load_stream_method(channel: Any) -> Any:
@@ -60,6 +68,23 @@ class Coverage:
         self.ranges: Dict[int, List[Tuple[int, int]]] = {}
         self.sums: Dict[int, Tuple[int, int]] = {}
 
+    def take(self, ch: Chunk) -> Sequence[Chunk]:
+        """The chunk as chunks of one block each, every one checked (add): a
+        chunk of k whole blocks (BlockChunk.checksums) is cut into k views of
+        its data, each with its block's checksum."""
+        if not ch.checksums:
+            self.add(ch)
+            return (ch,)
+        k, bb, n = len(ch.checksums), self.bb, ch.data.nbytes
+        if ch.offset != 0 or n != k * bb:
+            raise protocol_error(f"a chunk of {k} whole blocks from block {ch.index} holds "
+                                 f"{n} bytes at offset {ch.offset}, not {k * bb} at 0")
+        out = [Chunk(ch.index + j, 0, ch.data[j * bb:(j + 1) * bb], ch.checksum_algo, c)
+               for j, c in enumerate(ch.checksums)]
+        for c in out:
+            self.add(c)
+        return out
+
     def add(self, ch: Chunk) -> None:
         idx, off, n = ch.index, ch.offset, ch.data.nbytes
         if off + n > self.bb:
@@ -97,11 +122,11 @@ class Coverage:
 
 
 async def chunks(call: Any, coverage: Coverage) -> AsyncIterator[Chunk]:
-    """The chunks of a started LoadStream call, each checked by `coverage`
-    before it is yielded; the call is cancelled if the consumer stops early."""
+    """The chunks of a started LoadStream call, one block each, checked by
+    `coverage` before they are yielded; the call is cancelled if the consumer stops early."""
     try:
-        async for ch in call:
-            coverage.add(ch)
-            yield ch
+        async for packed in call:
+            for ch in coverage.take(packed):
+                yield ch
     finally:
         call.cancel()   # no-op once the stream ended; stops it on our errors

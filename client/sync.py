@@ -32,7 +32,7 @@ from .leases import MatchResult
 from .retry import MAX_DELAY
 from .saves import SaveResult
 from .session import NamespaceLike
-from .stream import Coverage, load_stream_method
+from .stream import Coverage, load_request, load_stream_method
 from .url import to_grpc_target
 from .wire import Chunk
 
@@ -222,13 +222,12 @@ class Client:
         if self._closed:
             raise RuntimeError("the kvkeeper client is closed")
         cov = Coverage(lease_id, self.block_bytes, max_blocks)
-        req = pb.LoadRequest(session_id=self.session_id, lease_id=lease_id)
+        req = load_request(self.session_id, lease_id)
         call = load_stream_method(self._stream_channel())(req, timeout=self._timeout,
                                                           metadata=self._metadata)
         try:
-            for ch in call:
-                cov.add(ch)
-                yield ch
+            for packed in call:
+                yield from cov.take(packed)
         except grpc.RpcError as e:
             raise from_rpc_error(e, "LoadStream") from e
         finally:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, AsyncIterator, Callable, Iterable
+from typing import Any, AsyncIterator, Callable, Iterable, Iterator, List, Sequence, Tuple
 
 from kvkeeper.client.wire import (encode_block_chunk, encode_match_response, frame_or_message,
                                   parse_write_chunk, slice_views)
@@ -174,27 +174,39 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
     @rpc_stream
     async def LoadStream(self, request: pb.LoadRequest, context: Any) -> AsyncIterator[bytes]:
         """Yields serialized BlockChunks (wire.frame_or_message sends them as
-        they are), each built in one copy from the arena."""
+        they are), each built in one copy from the arena: a block per chunk,
+        a block in chunks if it is larger than one, or with pack_blocks as
+        many whole blocks as a chunk holds."""
         t0 = time.perf_counter()
         lease = self.ledger.lease(SessionId(request.session_id), request.lease_id, self.clock(),
                                   identity.of(context))
+        blocks = list(lease.blocks)
+        step = self.stream_chunk_bytes
         nbytes = 0
-        for i, b in enumerate(list(lease.blocks)):
-            # Between yields another RPC may release the lease and its pages may
-            # be reused, so each block is copied whole while the lease is known live.
-            if self.ledger.leases.get(lease.id) is not lease:
-                raise FailedPrecondition(f"lease {lease.id} was released while it was being streamed")
-            views = [self.arena.view(o, n) for o, n in self._extents(b)]
-            size = sum(len(v) for v in views)
-            algo, value = b.checksum or (0, 0)
-            step = self.stream_chunk_bytes
-            frames = [encode_block_chunk(i, off, slice_views(views, off, step),
-                                         algo if off == 0 else 0, value if off == 0 else 0)
-                      for off in range(0, size, step)]
-            del views   # the arena cannot unmap while views of it live
-            for frame in frames:
+        for i, group in _chunk_groups(blocks, step if request.pack_blocks else 0):
+            first = group[0]
+            size = first.ns.block_bytes
+            algo, value = first.checksum or (0, 0)
+            sums = [(b.checksum or (0, 0))[1] for b in group] if len(group) > 1 else ()
+            for off in range(0, size, step):
+                # Between yields another RPC may release the lease and its pages
+                # may be reused, so each frame is copied out of the arena only
+                # while the lease is known live, with no await in between. One
+                # frame at a time: it is still in cache when grpc copies it.
+                if self.ledger.leases.get(lease.id) is not lease:
+                    raise FailedPrecondition(
+                        f"lease {lease.id} was released while it was being streamed")
+                views = [self.arena.view(o, n) for b in group for o, n in self._extents(b)]
+                if sums:
+                    frame = encode_block_chunk(i, 0, views, algo, 0, sums)
+                else:
+                    frame = encode_block_chunk(i, off, slice_views(views, off, step),
+                                               algo if off == 0 else 0, value if off == 0 else 0)
+                del views   # the arena cannot unmap while views of it live
                 yield frame
-            nbytes += size
+                if sums:
+                    break
+            nbytes += size * len(group)
         self.metrics.observe_transfer("load", "stream", nbytes, time.perf_counter() - t0)
         self.ledger.renew(lease.session, self.clock())
 
@@ -299,6 +311,24 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             hit_tokens=sum(t.hit_tokens for t in tiers),
             lookup_blocks=u.lookup_blocks, lookup_tokens=u.lookup_tokens,
             prompt_blocks=u.prompt_blocks, prompt_tokens=u.prompt_tokens)
+
+
+def _chunk_groups(blocks: Sequence[Block], pack_bytes: int) -> Iterator[Tuple[int, List[Block]]]:
+    """(lease index of the first, blocks) per LoadStream chunk group: runs of
+    consecutive blocks with the same checksum algorithm, as many as fit in
+    pack_bytes (one each when pack_bytes is 0 or a block does not fit twice)."""
+    run: List[Block] = []
+    start = 0
+    for i, b in enumerate(blocks):
+        if run and (len(run) + 1) * b.ns.block_bytes > pack_bytes or \
+                run and (run[0].checksum or (0,))[0] != (b.checksum or (0,))[0]:
+            yield start, run
+            run = []
+        if not run:
+            start = i
+        run.append(b)
+    if run:
+        yield start, run
 
 
 def _tier_stats_pb(t: TierStats) -> pb.TierStats:

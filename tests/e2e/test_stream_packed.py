@@ -1,0 +1,70 @@
+"""Streamed loads of small blocks against a real daemon: the client asks for
+packed chunks (several whole blocks per message) and hands them on one block
+at a time, each checked against its own checksum."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from test_client_daemon import BLOCK, blocks, keys, ns
+
+from kvkeeper.client import AsyncClient, ChecksumError, Client
+
+
+def _corrupt(daemon: Any, namespace_id: bytes, key: bytes, at: int) -> None:
+    blk = daemon.ledger.block(namespace_id, key)
+    off, _ = daemon.arena.extents(blk.pages, blk.ns.pages_per_block, BLOCK)[0]
+    with open(daemon.arena.path, "r+b") as f:
+        f.seek(off + at)
+        byte = f.read(1)
+        f.seek(off + at)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+@pytest.mark.parametrize("checksum", ["xxh3", "crc32"])
+async def test_a_corrupt_block_inside_a_packed_chunk_is_named_not_served(
+        daemon: Any, checksum: str) -> None:
+    daemon.servicer.stream_chunk_bytes = 4 * BLOCK   # four blocks per message
+    c = await AsyncClient.connect(f"unix://{daemon.socket_path}", ns(), transport="stream",
+                                  checksum=checksum)
+    try:
+        ks, bs = keys(6), blocks(6)
+        await c.save(ks, bs)
+        m = await c.match(ks, lease=True)
+        assert await c.load(m.lease_id) == bs
+        _corrupt(daemon, c.namespace_id, ks[2], 99)
+        with pytest.raises(ChecksumError) as info:
+            await c.load_into(m.lease_id, [bytearray(BLOCK) for _ in range(6)])
+        assert info.value.bad_indices == [2]
+        await c.release(m.lease_id, discard_indices=[2])
+        daemon.ledger.check_invariants()
+    finally:
+        await c.close()
+
+
+async def test_load_chunks_hands_on_one_block_per_chunk(daemon: Any) -> None:
+    daemon.servicer.stream_chunk_bytes = 3 * BLOCK
+    url = f"unix://{daemon.socket_path}"
+    ks, bs = keys(7), blocks(7)
+    w = await AsyncClient.connect(url, ns(), transport="stream")
+    try:
+        await w.save(ks, bs)
+    finally:
+        await w.close()
+
+    def read() -> list:
+        c = Client.connect(url, ns(), transport="stream")
+        try:
+            m = c.match(ks, lease=True)
+            got = [(ch.index, ch.offset, bytes(ch.data), ch.checksum_algo, ch.checksum)
+                   for ch in c.load_chunks(m.lease_id)]
+            c.release(m.lease_id)
+            return got
+        finally:
+            c.close()
+
+    got = await asyncio.to_thread(read)
+    assert [(i, o) for i, o, *_ in got] == [(i, 0) for i in range(7)]
+    assert [d for _, _, d, _, _ in got] == bs
+    assert all(algo and s for *_, algo, s in got)   # every block carries its own checksum

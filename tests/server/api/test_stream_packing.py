@@ -1,0 +1,73 @@
+"""LoadStream with pack_blocks: several whole blocks per chunk, each with its
+checksum in BlockChunk.checksums, as the generated protobuf stub reads them;
+runs broken where a block's checksum algorithm differs or it does not fit."""
+from __future__ import annotations
+
+import zlib
+from typing import Any, List
+
+from test_servicer_errors import BLOCK, key
+from test_servicer_match_blocks import data, saved
+
+from kvkeeper.v1 import kvkeeper_pb2 as pb
+
+
+async def _chunks(stub: Any, sid: str, keys: List[bytes], pack: bool) -> List[pb.BlockChunk]:
+    m = await stub.Match(pb.MatchRequest(session_id=sid, keys=keys, lease=True))
+    out = [c async for c in stub.LoadStream(pb.LoadRequest(session_id=sid, lease_id=m.lease_id,
+                                                           pack_blocks=pack))]
+    await stub.Release(pb.ReleaseRequest(session_id=sid, lease_id=m.lease_id))
+    return out
+
+
+async def test_packed_chunks_hold_whole_blocks_with_their_checksums(daemon: Any,
+                                                                    stub: Any) -> None:
+    daemon.servicer.stream_chunk_bytes = 2 * BLOCK + 1   # two blocks fit, three do not
+    sid, ks = await saved(stub, 5)
+    chunks = await _chunks(stub, sid, ks, pack=True)
+    assert [(c.index, c.offset, len(c.data)) for c in chunks] == \
+        [(0, 0, 2 * BLOCK), (2, 0, 2 * BLOCK), (4, 0, BLOCK)]
+    for c in chunks[:2]:
+        assert c.checksum_algo == pb.CHECKSUM_CRC32 and c.checksum == 0
+        assert list(c.checksums) == [zlib.crc32(data(c.index)), zlib.crc32(data(c.index + 1))]
+        assert c.data == data(c.index) + data(c.index + 1)
+    last = chunks[2]   # alone: an ordinary chunk
+    assert not last.checksums and last.checksum == zlib.crc32(data(4)) and last.data == data(4)
+    daemon.ledger.check_invariants()
+
+
+async def test_without_pack_blocks_every_chunk_holds_one_block(daemon: Any, stub: Any) -> None:
+    daemon.servicer.stream_chunk_bytes = 4 * BLOCK
+    sid, ks = await saved(stub, 3)
+    chunks = await _chunks(stub, sid, ks, pack=False)
+    assert [(c.index, len(c.data), len(c.checksums)) for c in chunks] == \
+        [(i, BLOCK, 0) for i in range(3)]
+
+
+async def test_blocks_larger_than_a_chunk_stream_in_pieces_when_packing(daemon: Any,
+                                                                        stub: Any) -> None:
+    daemon.servicer.stream_chunk_bytes = 5000
+    sid, ks = await saved(stub, 2)
+    chunks = await _chunks(stub, sid, ks, pack=True)
+    assert not any(c.checksums for c in chunks)
+    for i in range(2):
+        mine = [c for c in chunks if c.index == i]
+        assert [c.offset for c in mine] == list(range(0, BLOCK, 5000))
+        assert b"".join(c.data for c in mine) == data(i)
+
+
+async def test_a_block_with_another_checksum_algorithm_starts_a_new_chunk(daemon: Any,
+                                                                         stub: Any) -> None:
+    daemon.servicer.stream_chunk_bytes = 8 * BLOCK
+    sid, ks = await saved(stub, 2)                  # CRC32
+    more = [key(i) for i in range(2, 4)]            # committed without checksums
+    res = await stub.ReserveSave(pb.ReserveSaveRequest(session_id=sid, keys=more,
+                                                       transport=pb.TRANSPORT_STREAM))
+    await stub.WriteBlocks(iter([pb.WriteChunk(session_id=sid, reservation_id=res.reservation_id,
+                                               index=j, data=data(2 + j)) for j in range(2)]))
+    await stub.CommitSave(pb.CommitSaveRequest(session_id=sid, reservation_id=res.reservation_id))
+    chunks = await _chunks(stub, sid, ks + more, pack=True)
+    assert [(c.index, len(c.data), c.checksum_algo, list(c.checksums)) for c in chunks] == [
+        (0, 2 * BLOCK, pb.CHECKSUM_CRC32, [zlib.crc32(data(0)), zlib.crc32(data(1))]),
+        (2, 2 * BLOCK, pb.CHECKSUM_NONE, [0, 0])]
+    assert b"".join(c.data for c in chunks) == b"".join(data(i) for i in range(4))
