@@ -25,7 +25,7 @@ def _corrupt(daemon: Any, namespace_id: bytes, key: bytes, at: int) -> None:
 @pytest.mark.parametrize("checksum", ["xxh3", "crc32"])
 async def test_a_corrupt_block_inside_a_packed_chunk_is_named_not_served(
         daemon: Any, checksum: str) -> None:
-    daemon.servicer.stream_chunk_bytes = 4 * BLOCK   # four blocks per message
+    daemon.servicer.stream_pack_bytes = 4 * BLOCK   # four blocks per message
     c = await AsyncClient.connect(f"unix://{daemon.socket_path}", ns(), transport="stream",
                                   checksum=checksum)
     try:
@@ -44,7 +44,7 @@ async def test_a_corrupt_block_inside_a_packed_chunk_is_named_not_served(
 
 
 async def test_load_chunks_hands_on_one_block_per_chunk(daemon: Any) -> None:
-    daemon.servicer.stream_chunk_bytes = 3 * BLOCK
+    daemon.servicer.stream_pack_bytes = 3 * BLOCK
     url = f"unix://{daemon.socket_path}"
     ks, bs = keys(7), blocks(7)
     w = await AsyncClient.connect(url, ns(), transport="stream")

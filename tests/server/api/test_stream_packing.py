@@ -6,7 +6,7 @@ from __future__ import annotations
 import zlib
 from typing import Any, List
 
-from test_servicer_errors import BLOCK, key
+from test_servicer_errors import BLOCK, key, register
 from test_servicer_match_blocks import data, saved
 
 from kvkeeper.v1 import kvkeeper_pb2 as pb
@@ -22,7 +22,7 @@ async def _chunks(stub: Any, sid: str, keys: List[bytes], pack: bool) -> List[pb
 
 async def test_packed_chunks_hold_whole_blocks_with_their_checksums(daemon: Any,
                                                                     stub: Any) -> None:
-    daemon.servicer.stream_chunk_bytes = 2 * BLOCK + 1   # two blocks fit, three do not
+    daemon.servicer.stream_pack_bytes = 2 * BLOCK + 100   # two blocks fit, three do not
     sid, ks = await saved(stub, 5)
     chunks = await _chunks(stub, sid, ks, pack=True)
     assert [(c.index, c.offset, len(c.data)) for c in chunks] == \
@@ -37,7 +37,7 @@ async def test_packed_chunks_hold_whole_blocks_with_their_checksums(daemon: Any,
 
 
 async def test_without_pack_blocks_every_chunk_holds_one_block(daemon: Any, stub: Any) -> None:
-    daemon.servicer.stream_chunk_bytes = 4 * BLOCK
+    daemon.servicer.stream_pack_bytes = 4 * BLOCK
     sid, ks = await saved(stub, 3)
     chunks = await _chunks(stub, sid, ks, pack=False)
     assert [(c.index, len(c.data), len(c.checksums)) for c in chunks] == \
@@ -46,7 +46,7 @@ async def test_without_pack_blocks_every_chunk_holds_one_block(daemon: Any, stub
 
 async def test_blocks_larger_than_a_chunk_stream_in_pieces_when_packing(daemon: Any,
                                                                         stub: Any) -> None:
-    daemon.servicer.stream_chunk_bytes = 5000
+    daemon.servicer.stream_chunk_bytes = daemon.servicer.stream_pack_bytes = 5000
     sid, ks = await saved(stub, 2)
     chunks = await _chunks(stub, sid, ks, pack=True)
     assert not any(c.checksums for c in chunks)
@@ -58,7 +58,7 @@ async def test_blocks_larger_than_a_chunk_stream_in_pieces_when_packing(daemon: 
 
 async def test_a_block_with_another_checksum_algorithm_starts_a_new_chunk(daemon: Any,
                                                                          stub: Any) -> None:
-    daemon.servicer.stream_chunk_bytes = 8 * BLOCK
+    daemon.servicer.stream_pack_bytes = 8 * BLOCK
     sid, ks = await saved(stub, 2)                  # CRC32
     more = [key(i) for i in range(2, 4)]            # committed without checksums
     res = await stub.ReserveSave(pb.ReserveSaveRequest(session_id=sid, keys=more,
@@ -71,3 +71,25 @@ async def test_a_block_with_another_checksum_algorithm_starts_a_new_chunk(daemon
         (0, 2 * BLOCK, pb.CHECKSUM_CRC32, [zlib.crc32(data(0)), zlib.crc32(data(1))]),
         (2, 2 * BLOCK, pb.CHECKSUM_NONE, [0, 0])]
     assert b"".join(c.data for c in chunks) == b"".join(data(i) for i in range(4))
+
+
+async def test_packed_chunks_of_tiny_blocks_count_their_checksums(daemon: Any,
+                                                                  stub: Any) -> None:
+    """The checksums count against the chunk's budget too (the daemon's
+    message limit less a margin for the other fields): 12-byte blocks with
+    ten-byte checksums must not push a chunk far past it."""
+    tiny, n, budget = 12, 60, 300
+    daemon.servicer.stream_pack_bytes = budget
+    sid = await register(stub, block_bytes=tiny)
+    ks = [key(i) for i in range(n)]
+    res = await stub.ReserveSave(pb.ReserveSaveRequest(session_id=sid, keys=ks,
+                                                       transport=pb.TRANSPORT_STREAM))
+    await stub.WriteBlocks(iter([pb.WriteChunk(session_id=sid, reservation_id=res.reservation_id,
+                                               index=i, data=bytes([i % 256]) * tiny)
+                                 for i in range(n)]))
+    sums = [(1 << 64) - 1 - i for i in range(n)]   # ten-byte varints
+    await stub.CommitSave(pb.CommitSaveRequest(session_id=sid, reservation_id=res.reservation_id,
+                                               checksum_algo=pb.CHECKSUM_CRC32, checksums=sums))
+    chunks = await _chunks(stub, sid, ks, pack=True)
+    assert len(chunks) > 1 and all(c.ByteSize() <= budget + 32 for c in chunks)
+    assert [s for c in chunks for s in c.checksums] == sums
