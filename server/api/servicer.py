@@ -35,8 +35,9 @@ STREAM_CHUNK_BYTES = 1 << 20
 # in 192 KiB messages took 25-37 ms through raw grpc over TCP here, in 1-2 MiB
 # ones 15-24 ms, in 4 MiB ones 25 ms and in one message 87 ms.
 STREAM_PACK_BYTES = 2 << 20
-# What a packed chunk spends per block beyond its bytes: its checksum, a varint.
-SUM_BYTES = 10
+# Blocks per packed chunk at most: their checksums (varints of up to 10 bytes)
+# then fit in the margin left for a chunk's other fields.
+MAX_PACK_BLOCKS = 256
 # Room for a BlockChunk's other fields (the client keeps the same margin for WriteChunk).
 CHUNK_OVERHEAD_BYTES = 4096
 # Upper bounds of what one block adds to an answer, beyond its key: a BlockRef's
@@ -49,6 +50,14 @@ REF_BYTES, EXTENT_BYTES = 32, 24
 BULK_CODECS = {"LoadStream": {"response_serializer": frame_or_message},
                "WriteBlocks": {"request_deserializer": parse_write_chunk},
                "Match": {"response_serializer": frame_or_message}}
+
+
+def stream_message_bytes(block_bytes: int) -> int:
+    """The data bytes of a LoadStream chunk by default, for a lease of blocks
+    of this size asked with pack_blocks: as many whole blocks as a packed
+    chunk holds, or one block, or a piece of one."""
+    per = min(STREAM_PACK_BYTES // block_bytes, MAX_PACK_BLOCKS)
+    return per * block_bytes if per >= 2 else min(STREAM_CHUNK_BYTES, block_bytes)
 
 
 class KVKeeperServicer(pb_grpc.KVKeeperServicer):
@@ -324,11 +333,12 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
 def _chunk_groups(blocks: Sequence[Block], pack_bytes: int) -> Iterator[Tuple[int, List[Block]]]:
     """(lease index of the first, blocks) per LoadStream chunk group: runs of
     consecutive blocks with the same checksum algorithm, as many as fit in
-    pack_bytes (one each when pack_bytes is 0 or a block does not fit twice)."""
+    pack_bytes, MAX_PACK_BLOCKS at most (one each when pack_bytes is 0 or a
+    block does not fit twice)."""
     run: List[Block] = []
     start = 0
     for i, b in enumerate(blocks):
-        if run and (len(run) + 1) * (b.ns.block_bytes + SUM_BYTES) > pack_bytes or \
+        if run and ((len(run) + 1) * b.ns.block_bytes > pack_bytes or len(run) == MAX_PACK_BLOCKS) or \
                 run and (run[0].checksum or (0,))[0] != (b.checksum or (0,))[0]:
             yield start, run
             run = []

@@ -73,23 +73,47 @@ async def test_a_block_with_another_checksum_algorithm_starts_a_new_chunk(daemon
     assert b"".join(c.data for c in chunks) == b"".join(data(i) for i in range(4))
 
 
-async def test_packed_chunks_of_tiny_blocks_count_their_checksums(daemon: Any,
-                                                                  stub: Any) -> None:
-    """The checksums count against the chunk's budget too (the daemon's
-    message limit less a margin for the other fields): 12-byte blocks with
-    ten-byte checksums must not push a chunk far past it."""
-    tiny, n, budget = 12, 60, 300
-    daemon.servicer.stream_pack_bytes = budget
-    sid = await register(stub, block_bytes=tiny)
-    ks = [key(i) for i in range(n)]
-    res = await stub.ReserveSave(pb.ReserveSaveRequest(session_id=sid, keys=ks,
-                                                       transport=pb.TRANSPORT_STREAM))
-    await stub.WriteBlocks(iter([pb.WriteChunk(session_id=sid, reservation_id=res.reservation_id,
-                                               index=i, data=bytes([i % 256]) * tiny)
-                                 for i in range(n)]))
-    sums = [(1 << 64) - 1 - i for i in range(n)]   # ten-byte varints
-    await stub.CommitSave(pb.CommitSaveRequest(session_id=sid, reservation_id=res.reservation_id,
-                                               checksum_algo=pb.CHECKSUM_CRC32, checksums=sums))
-    chunks = await _chunks(stub, sid, ks, pack=True)
-    assert len(chunks) > 1 and all(c.ByteSize() <= budget + 32 for c in chunks)
+async def test_packed_chunks_of_tiny_blocks_keep_their_checksums_within_the_margin(
+        daemon_factory: Any) -> None:
+    """At most MAX_PACK_BLOCKS blocks per chunk, so that their checksums (up
+    to ten bytes each) fit the margin under the message limit that the data
+    budget leaves: 300 blocks of 12 bytes, all fitting the budget, still go
+    in two chunks."""
+    import grpc
+
+    from kvkeeper.server.api.servicer import CHUNK_OVERHEAD_BYTES, MAX_PACK_BLOCKS
+    from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
+
+    tiny, n = 12, 300
+    d = await daemon_factory(**{"host_tier.capacity_bytes": 4096 * (n + 16)})
+    budget = d.servicer.stream_pack_bytes = 4000
+    async with grpc.aio.insecure_channel(f"unix:{d.socket_path}") as ch:
+        stub = pb_grpc.KVKeeperStub(ch)
+        sid = await register(stub, block_bytes=tiny)
+        ks = [key(i) for i in range(n)]
+        res = await stub.ReserveSave(pb.ReserveSaveRequest(session_id=sid, keys=ks,
+                                                           transport=pb.TRANSPORT_STREAM))
+        await stub.WriteBlocks(iter([pb.WriteChunk(session_id=sid,
+                                                   reservation_id=res.reservation_id,
+                                                   index=i, data=bytes([i % 256]) * tiny)
+                                     for i in range(n)]))
+        sums = [(1 << 64) - 1 - i for i in range(n)]   # ten-byte varints
+        await stub.CommitSave(pb.CommitSaveRequest(session_id=sid,
+                                                   reservation_id=res.reservation_id,
+                                                   checksum_algo=pb.CHECKSUM_CRC32, checksums=sums))
+        chunks = await _chunks(stub, sid, ks, pack=True)
+    assert [len(c.checksums) for c in chunks] == [MAX_PACK_BLOCKS, n - MAX_PACK_BLOCKS]
+    assert all(c.ByteSize() <= budget + CHUNK_OVERHEAD_BYTES for c in chunks)
     assert [s for c in chunks for s in c.checksums] == sums
+
+
+def test_stream_message_bytes_packs_blocks_that_fit_twice() -> None:
+    from kvkeeper.server.api.servicer import stream_message_bytes
+
+    KiB, MiB = 1 << 10, 1 << 20
+    assert stream_message_bytes(192 * KiB) == 10 * 192 * KiB
+    assert stream_message_bytes(256 * KiB) == 2 * MiB
+    assert stream_message_bytes(1 * MiB) == 2 * MiB
+    assert stream_message_bytes(1 * MiB + 1) == 1 * MiB   # a piece of one block
+    assert stream_message_bytes(4 * MiB) == 1 * MiB
+    assert stream_message_bytes(16) == 256 * 16          # MAX_PACK_BLOCKS
