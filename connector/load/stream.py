@@ -8,7 +8,9 @@ they come (Client.load_chunks) and copies each block straight from the
 message into the paged KV tensors, layer by layer (BlockCodec.copy_layer_in,
 as the shared-memory path copies from the arena), then checks the block's
 checksum over the bytes it was copied from, as the shared-memory path does
-(copy_in.py), while the next blocks are still on the wire. A block larger
+(copy_in.py), while the next blocks are still on the wire. Small blocks
+come several to a message (LoadRequest.pack_blocks), which the client hands
+on as one chunk per block, each a view of that message. A block larger
 than one chunk (the daemon sends at most 1 MiB per chunk) is gathered in a
 staging row first, then copied the same way.
 
