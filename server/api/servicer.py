@@ -334,14 +334,16 @@ def _chunk_groups(blocks: Sequence[Block], pack_bytes: int) -> Iterator[Tuple[in
     """(lease index of the first, blocks) per LoadStream chunk group: runs of
     consecutive blocks with the same checksum algorithm, as many as fit in
     pack_bytes, MAX_PACK_BLOCKS at most (one each when pack_bytes is 0 or a
-    block does not fit twice)."""
+    block does not fit twice). The first groups ramp up, 1, 2, 4 ... blocks:
+    the client starts copying the first block in while the rest is on the
+    way, instead of waiting for a whole packed chunk."""
     run: List[Block] = []
-    start = 0
+    start, cap = 0, 1
     for i, b in enumerate(blocks):
-        if run and ((len(run) + 1) * b.ns.block_bytes > pack_bytes or len(run) == MAX_PACK_BLOCKS) or \
-                run and (run[0].checksum or (0,))[0] != (b.checksum or (0,))[0]:
+        if run and (len(run) == cap or (len(run) + 1) * b.ns.block_bytes > pack_bytes
+                    or (run[0].checksum or (0,))[0] != (b.checksum or (0,))[0]):
             yield start, run
-            run = []
+            run, cap = [], min(2 * cap, MAX_PACK_BLOCKS)
         if not run:
             start = i
         run.append(b)
