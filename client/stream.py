@@ -9,15 +9,17 @@ caller's buffers; the connector: the KV cache) and verifies them.
 """
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Tuple
+from typing import Any, AsyncIterator, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+
+import grpc
 
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 from .errors import protocol_error
 from .wire import Chunk, encode_write_chunk, parse_block_chunk
 
-__all__ = ["Coverage", "chunks", "load_request", "load_stream_method", "write_blocks_method",
-           "write_frames"]
+__all__ = ["KEYED_UNKNOWN", "Coverage", "KeyedStream", "check_head", "chunks", "keyed_request",
+           "load_request", "load_stream_method", "write_blocks_method", "write_frames"]
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["KVKeeper"].full_name
 
@@ -27,6 +29,32 @@ def load_request(session_id: str, lease_id: int) -> pb.LoadRequest:
     message (Coverage.take splits them), a fraction of the per-message cost
     of gRPC on both sides; a daemon that ignores it sends one per message."""
     return pb.LoadRequest(session_id=session_id, lease_id=lease_id, pack_blocks=True)
+
+
+# What a daemon without the keyed form answers it: lease 0 is unknown.
+KEYED_UNKNOWN = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
+
+
+def keyed_request(session_id: str, keys: Sequence[bytes]) -> pb.LoadRequest:
+    """A keyed LoadStream's request: match `keys` under a report_use lease
+    (the caller reports its use with its own lookup) and stream it."""
+    return pb.LoadRequest(session_id=session_id, keys=keys, report_use=True, pack_blocks=True)
+
+
+class KeyedStream(NamedTuple):
+    """A keyed LoadStream: its lease (0: nothing matched), the leading keys
+    matched, and the lease's chunks, one block each, as load_chunks yields them."""
+
+    lease_id: int
+    matched: int
+    chunks: Iterator[Chunk]
+
+
+def check_head(head: Chunk) -> None:
+    """A keyed LoadStream's first chunk names its lease and carries no block."""
+    if head.data.nbytes or head.checksums or (head.matched and not head.lease_id):
+        raise protocol_error(f"a keyed LoadStream began with block {head.index} "
+                             f"({head.data.nbytes} bytes) instead of naming its lease")
 
 
 def load_stream_method(channel: Any) -> Any:

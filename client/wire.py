@@ -33,7 +33,8 @@ from typing import Any, List, NamedTuple, Sequence, Tuple
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 __all__ = ["Chunk", "MatchReply", "WriteChunkView", "encode_block_chunk",
-           "encode_match_request", "encode_match_response", "encode_write_chunk",
+           "encode_match_request", "encode_match_response", "encode_stream_head",
+           "encode_write_chunk",
            "frame_or_message", "parse_block_chunk", "parse_match_response", "parse_write_chunk",
            "slice_views", "WireError"]
 
@@ -56,6 +57,8 @@ class Chunk(NamedTuple):
     checksum_algo: int
     checksum: int
     checksums: Tuple[int, ...] = ()
+    lease_id: int = 0   # a keyed LoadStream's first chunk (no data): the lease it streams
+    matched: int = 0
 
 
 class WriteChunkView(NamedTuple):
@@ -135,6 +138,12 @@ def encode_block_chunk(index: int, offset: int, pieces: Sequence[Any],
     if not n:
         return head + tail
     return b"".join([head, *views, tail])
+
+
+def encode_stream_head(lease_id: int, matched: int) -> bytes:
+    """A keyed LoadStream's first BlockChunk: the lease it streams, and how
+    many keys matched (both 0: nothing did)."""
+    return _scalar(7, lease_id & _U64) + _scalar(8, matched & _U32)
 
 
 def encode_write_chunk(session_id: str, reservation_id: int, index: int, offset: int,
@@ -221,7 +230,7 @@ def _int32(v: int) -> int:
     return v - (1 << 32) if v & 0x80000000 else v
 
 
-_CHUNK_VARINTS = frozenset((1, 2, 4, 5, 6))
+_CHUNK_VARINTS = frozenset((1, 2, 4, 5, 6, 7, 8))
 _CHUNK_BLOBS = frozenset((3, 6))
 _EMPTY = memoryview(b"")
 
@@ -237,11 +246,15 @@ def _packed_varints(buf: Any, start: int, end: int) -> List[int]:
 
 def parse_block_chunk(buf: bytes) -> Chunk:
     """A BlockChunk from its serialized bytes (gRPC's response deserializer)."""
-    index = offset = algo = checksum = 0
+    index = offset = algo = checksum = lease_id = matched = 0
     data = None
     sums: List[int] = []
     for field, v in _fields(buf, _CHUNK_VARINTS, _CHUNK_BLOBS):
-        if field == 1:
+        if field == 7:
+            lease_id = v
+        elif field == 8:
+            matched = v & _U32
+        elif field == 1:
             index = v & _U32
         elif field == 2:
             offset = v
@@ -256,7 +269,7 @@ def parse_block_chunk(buf: bytes) -> Chunk:
         else:                    # 6, one value unpacked (protobuf's parser takes both)
             sums.append(v)
     mv = memoryview(buf)[data[0]:data[1]].toreadonly() if data else _EMPTY
-    return Chunk(index, offset, mv, algo, checksum, tuple(sums))
+    return Chunk(index, offset, mv, algo, checksum, tuple(sums), lease_id, matched)
 
 
 _WRITE_VARINTS = frozenset((2, 3, 4))

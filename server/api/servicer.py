@@ -12,8 +12,8 @@ import logging
 import time
 from typing import Any, AsyncIterator, Callable, Iterable, Iterator, List, Sequence, Tuple
 
-from kvkeeper.client.wire import (encode_block_chunk, encode_match_response, frame_or_message,
-                                  parse_write_chunk, slice_views)
+from kvkeeper.client.wire import (encode_block_chunk, encode_match_response, encode_stream_head,
+                                  frame_or_message, parse_write_chunk, slice_views)
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 
@@ -194,8 +194,19 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         a block in chunks if it is larger than one, or with pack_blocks as
         many whole blocks as a chunk holds."""
         t0 = time.perf_counter()
-        lease = self.ledger.lease(SessionId(request.session_id), request.lease_id, self.clock(),
-                                  identity.of(context))
+        sid, owner = SessionId(request.session_id), identity.of(context)
+        if request.lease_id or not request.keys:
+            lease = self.ledger.lease(sid, request.lease_id, self.clock(), owner)
+        else:
+            # Keyed: Match's lease, then its stream, in one call.
+            r = await self.stack.match(sid, request.keys, lease=True,
+                                       report_use=request.report_use, owner=owner)
+            # Taken from the table before any yield: nothing may fail between
+            # granting the lease and telling the client which it is.
+            lease = self.ledger.leases[r.lease_id] if r.lease_id else None
+            yield encode_stream_head(r.lease_id or 0, r.matched)
+            if lease is None:
+                return
         blocks = list(lease.blocks)
         step = self.stream_chunk_bytes
         nbytes = 0

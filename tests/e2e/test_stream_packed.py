@@ -68,3 +68,30 @@ async def test_load_chunks_hands_on_one_block_per_chunk(daemon: Any) -> None:
     assert [(i, o) for i, o, *_ in got] == [(i, 0) for i in range(7)]
     assert [d for _, _, d, _, _ in got] == bs
     assert all(algo and s for *_, algo, s in got)   # every block carries its own checksum
+
+
+async def test_stream_matching_matches_and_streams_in_one_call(daemon: Any) -> None:
+    url = f"unix://{daemon.socket_path}"
+    ks, bs = keys(5), blocks(5)
+
+    def run() -> tuple:
+        c = Client.connect(url, ns(), transport="stream")
+        try:
+            c.save(ks, bs)
+            ks_ = c.stream_matching(ks + keys(1, salt=7))
+            got = [(ch.index, bytes(ch.data)) for ch in ks_.chunks]
+            leases = daemon.ledger.leases.get(ks_.lease_id)
+            c.release(ks_.lease_id)
+            none = c.stream_matching(keys(2, salt=8))
+            too_many = c.stream_matching(keys(c.max_keys_per_call + 1, salt=9))
+            return ks_.matched, got, leases, none, too_many
+        finally:
+            c.close()
+
+    matched, got, lease, none, too_many = await asyncio.to_thread(run)
+    assert matched == 5 and got == list(enumerate(bs))
+    assert lease is not None and lease.report_use
+    assert (none.lease_id, none.matched, list(none.chunks)) == (0, 0, [])
+    assert too_many is None    # more than one call takes: match and load_chunks instead
+    assert not daemon.ledger.leases
+    daemon.ledger.check_invariants()
