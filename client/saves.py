@@ -21,7 +21,7 @@ from .checks import block_views, check_keys
 from .checksum import checksums
 from .errors import KVKeeperClientError, from_rpc_error, protocol_error
 from .session import Session
-from .stream import write_blocks_method, write_frames
+from .stream import write_blocks_method, write_frames, write_pack_bytes
 from .transport import Transport
 
 __all__ = ["Saves", "SaveResult", "WRITE_CHUNK_BYTES"]
@@ -98,7 +98,8 @@ class Saves:
                             raise protocol_error(f"reserved slot {i} has no extents")
                         m.write(resp.slots[i].extents, views[i])
                 else:
-                    await self._write_stream(sid, rid, [(i, views[i]) for i in reserved])
+                    await self._write_stream(sid, rid, [(i, views[i]) for i in reserved],
+                                             resp.pack_writes)
                 commit = pb.CommitSaveRequest(session_id=sid, reservation_id=rid)
                 if self._checksum_algo != pb.CHECKSUM_NONE:
                     algo = self._checksum_algo
@@ -118,7 +119,8 @@ class Saves:
         raise KVKeeperClientError("the shared-memory arena changed twice during one save; "
                                   "nothing was written", grpc.StatusCode.ABORTED)
 
-    async def _write_stream(self, sid: str, rid: int, items: List[Tuple[int, memoryview]]) -> None:
+    async def _write_stream(self, sid: str, rid: int, items: List[Tuple[int, memoryview]],
+                            pack: bool = False) -> None:
         """WriteBlocks: the reserved blocks in chunks of at most 1 MiB (less if
         the daemon's max message size asks for it)."""
         if not items:
@@ -128,7 +130,9 @@ class Saves:
         if s.max_message_bytes:
             chunk = max(4096, min(chunk, s.max_message_bytes - 4096))
         try:
-            await self._write_blocks_rpc(write_frames(sid, rid, items, chunk),
+            await self._write_blocks_rpc(write_frames(sid, rid, items, chunk,
+                                                      write_pack_bytes(s.max_message_bytes)
+                                                      if pack else 0),
                                          timeout=s.timeout, metadata=s.metadata)
         except grpc.RpcError as e:
             raise from_rpc_error(e, "WriteBlocks") from e

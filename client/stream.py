@@ -18,8 +18,9 @@ from kvkeeper.v1 import kvkeeper_pb2 as pb
 from .errors import protocol_error
 from .wire import Chunk, encode_write_chunk, parse_block_chunk
 
-__all__ = ["KEYED_UNKNOWN", "Coverage", "KeyedStream", "check_head", "chunks", "keyed_request",
-           "load_request", "load_stream_method", "write_blocks_method", "write_frames"]
+__all__ = ["KEYED_UNKNOWN", "WRITE_PACK_BYTES", "Coverage", "KeyedStream", "check_head", "chunks",
+           "keyed_request", "load_request", "load_stream_method", "write_blocks_method",
+           "write_frames", "write_pack_bytes"]
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["KVKeeper"].full_name
 
@@ -71,17 +72,44 @@ def write_blocks_method(channel: Any) -> Any:
                                 response_deserializer=pb.WriteBlocksResponse.FromString)
 
 
-def write_frames(sid: str, rid: int, items: Sequence[Tuple[int, memoryview]], chunk: int):
+# Runs of small blocks go whole, several to a WriteChunk of up to 2 MiB, where
+# the daemon takes them: fewer messages through gRPC (as LoadStream's packed chunks).
+WRITE_PACK_BYTES = 2 << 20
+
+
+def write_pack_bytes(max_message_bytes: int) -> int:
+    """The most data bytes of a packed WriteChunk, within the daemon's message limit."""
+    if not max_message_bytes:
+        return WRITE_PACK_BYTES
+    return min(WRITE_PACK_BYTES, max_message_bytes - 4096)
+
+
+def write_frames(sid: str, rid: int, items: Sequence[Tuple[int, memoryview]], chunk: int,
+                 pack: int = 0):
     """Serialized WriteChunks of the (index, block view) items, each built in
-    one copy from the view; the first carries the session and reservation."""
-    first = True
+    one copy from the views; the first carries the session and reservation.
+    pack: where the daemon takes them (ReserveSaveResponse.pack_writes), runs
+    of consecutive entries go whole, several to a chunk of up to this many bytes."""
+    head = [sid, rid]
+
+    def frame(idx: int, off: int, views: List[memoryview]) -> bytes:
+        out = encode_write_chunk(head[0], head[1], idx, off, views)
+        head[:] = ["", 0]
+        return out
+
+    run: List[Tuple[int, memoryview]] = []
     for idx, view in items:
-        for off in range(0, view.nbytes, chunk):
-            if first:
-                yield encode_write_chunk(sid, rid, idx, off, [view[off:off + chunk]])
-                first = False
-            else:
-                yield encode_write_chunk("", 0, idx, off, [view[off:off + chunk]])
+        n = view.nbytes
+        if run and (idx != run[-1][0] + 1 or (len(run) + 1) * n > pack):
+            yield frame(run[0][0], 0, [v for _, v in run])
+            run = []
+        if 2 * n <= pack:
+            run.append((idx, view))
+            continue
+        for off in range(0, n, chunk):
+            yield frame(idx, off, [view[off:off + chunk]])
+    if run:
+        yield frame(run[0][0], 0, [v for _, v in run])
 
 
 class Coverage:

@@ -17,7 +17,8 @@ from kvkeeper.client.wire import (encode_block_chunk, encode_match_response, enc
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 
-from ..errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
+from ..errors import (FailedPrecondition, InvalidArgument, OutOfRange, ResourceExhausted,
+                      Unavailable)
 from ..ids import LeaseId, SessionId
 from ..ledger import Block, Lease, Ledger, TierStats
 from ..ledger.sessions import tag
@@ -269,7 +270,7 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         r = self.ledger.reserve(SessionId(request.session_id), request.keys, now,
                                 track_writes=stream, owner=identity.of(context))
         resp = pb.ReserveSaveResponse(reservation_id=r.reservation_id or 0,
-                                      expires_in_seconds=r.expires_at - now)
+                                      expires_in_seconds=r.expires_at - now, pack_writes=stream)
         for status, b in zip(r.statuses, r.blocks):
             slot = resp.slots.add(status=SLOT_TO_PB[status])
             if b is not None and not stream:
@@ -290,13 +291,28 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             elif self.ledger.reservations.get(res.id) is not res:
                 raise FailedPrecondition(
                     f"reservation {res.id} closed (aborted or timed out) while data was streaming")
-            b = self.ledger.record_write(res, chunk.index, chunk.offset, len(chunk.data))
-            self.arena.write(self._extents(b), chunk.data, chunk.offset)
-            total += len(chunk.data)
+            total += self._write_chunk(res, chunk)
         self.metrics.observe_transfer("save", "stream", total, time.perf_counter() - t0)
         if res is not None:
             self.ledger.renew(res.session, self.clock())
         return pb.WriteBlocksResponse(bytes_written=total)
+
+    def _write_chunk(self, res: Any, chunk: Any) -> int:
+        """Store one WriteChunk: part of a block, or (pack_writes) several
+        whole blocks from entry chunk.index on. Returns its bytes."""
+        data, bb = chunk.data, res.session.ns.block_bytes
+        n = len(data)
+        if n <= bb or chunk.offset:
+            b = self.ledger.record_write(res, chunk.index, chunk.offset, n)
+            self.arena.write(self._extents(b), data, chunk.offset)
+            return n
+        if n % bb:
+            raise OutOfRange(f"key {chunk.index}: {n} bytes is past the block size {bb} and "
+                             "no whole number of blocks (a packed chunk's)")
+        for j in range(n // bb):   # each entry accounted as its bytes land, as above
+            b = self.ledger.record_write(res, chunk.index + j, 0, bb)
+            self.arena.write(self._extents(b), data[j * bb:(j + 1) * bb], 0)
+        return n
 
     @rpc
     async def CommitSave(self, request: pb.CommitSaveRequest, context: Any) -> pb.CommitSaveResponse:

@@ -18,7 +18,8 @@ memory move each way; GB/s is 1e9 bytes per second.
   xxh3 (what users get) has the shm target, crc32 is informational.
 * stream (transport="stream", checksum="none"): save through
   ReserveSave + WriteBlocks (client stream, chunks of the client's
-  WRITE_CHUNK_BYTES) + CommitSave; load through LoadStream (chunks of the
+  WRITE_CHUNK_BYTES, or runs of whole blocks packed up to WRITE_PACK_BYTES)
+  + CommitSave; load through LoadStream (chunks of the
   daemon's STREAM_CHUNK_BYTES, or, for blocks that fit twice, packed several
   whole blocks to a message of up to STREAM_PACK_BYTES) into the same
   preallocated buffers.
@@ -75,11 +76,14 @@ class _SizeRun:
     def __init__(self, bs: int, scale: Scale, kvk: ServerProcess, sink: Any, source: Any,
                  keys: _Keys) -> None:
         from kvkeeper.client.saves import WRITE_CHUNK_BYTES
+        from kvkeeper.client.stream import WRITE_PACK_BYTES
         from kvkeeper.server.api.servicer import stream_message_bytes
 
         self.bs, self.n = bs, scale.move_bytes // bs
         self.kvk, self.sink, self.source, self.keys = kvk, sink, source, keys
-        self.save_chunk = min(WRITE_CHUNK_BYTES, bs)
+        # What the client sends: runs of whole blocks packed, or a block in pieces.
+        per = WRITE_PACK_BYTES // bs
+        self.save_chunk = per * bs if per >= 2 else min(WRITE_CHUNK_BYTES, bs)
         self.load_chunk = stream_message_bytes(bs)
         if self.load_chunk > bs and (self.n * bs) % self.load_chunk:
             raise ValueError(f"{self.n} blocks of {bs} bytes are no whole number of the "
@@ -154,6 +158,11 @@ class _SizeRun:
 
     def _chunks(self) -> Iterator[bytes]:
         step = self.save_chunk
+        if step > self.bs:   # several whole blocks per message, as the client packs them
+            flat = memoryview(self.src).cast("B")
+            for off in range(0, len(flat), step):
+                yield bytes(flat[off:off + step])
+            return
         for v in self.blocks:
             mv = memoryview(v)
             for off in range(0, self.bs, step):

@@ -95,3 +95,18 @@ async def test_stream_matching_matches_and_streams_in_one_call(daemon: Any) -> N
     assert too_many is None    # more than one call takes: match and load_chunks instead
     assert not daemon.ledger.leases
     daemon.ledger.check_invariants()
+
+
+async def test_streamed_saves_pack_the_runs_between_present_blocks(daemon: Any) -> None:
+    c = await AsyncClient.connect(f"unix://{daemon.socket_path}", ns(), transport="stream")
+    try:
+        ks, bs = keys(7), blocks(7)
+        await c.save([ks[2], ks[5]], [bs[2], bs[5]])
+        r = await c.save(ks, bs)   # reserved: 0, 1, 3, 4, 6; packed as [0, 1], [3, 4], [6]
+        assert (r.committed, r.present) == (5, 2)
+        m = await c.match(ks, lease=True)
+        assert await c.load(m.lease_id) == bs
+        await c.release(m.lease_id)
+        daemon.ledger.check_invariants()
+    finally:
+        await c.close()

@@ -236,14 +236,16 @@ class SaveSlot(_message.Message):
     def __init__(self, status: _Optional[_Union[SlotStatus, str]] = ..., extents: _Optional[_Iterable[_Union[Extent, _Mapping]]] = ...) -> None: ...
 
 class ReserveSaveResponse(_message.Message):
-    __slots__ = ("reservation_id", "slots", "expires_in_seconds")
+    __slots__ = ("reservation_id", "slots", "expires_in_seconds", "pack_writes")
     RESERVATION_ID_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_IN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PACK_WRITES_FIELD_NUMBER: _ClassVar[int]
     reservation_id: int
     slots: _containers.RepeatedCompositeFieldContainer[SaveSlot]
     expires_in_seconds: float
-    def __init__(self, reservation_id: _Optional[int] = ..., slots: _Optional[_Iterable[_Union[SaveSlot, _Mapping]]] = ..., expires_in_seconds: _Optional[float] = ...) -> None: ...
+    pack_writes: bool
+    def __init__(self, reservation_id: _Optional[int] = ..., slots: _Optional[_Iterable[_Union[SaveSlot, _Mapping]]] = ..., expires_in_seconds: _Optional[float] = ..., pack_writes: _Optional[bool] = ...) -> None: ...
 
 class WriteChunk(_message.Message):
     __slots__ = ("session_id", "reservation_id", "index", "offset", "data")
