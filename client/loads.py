@@ -22,7 +22,7 @@ from .copies import extents_of, load_verified, stored
 from .errors import ChecksumError, from_rpc_error, protocol_error
 from .retry import call_with_retry
 from .session import Session
-from .stream import Coverage, chunks, load_stream_method
+from .stream import Coverage, chunks, load_request, load_stream_method
 from .transport import Transport
 from .wire import Chunk
 
@@ -119,7 +119,7 @@ class Loads:
         s = self._session
         s.check_open()
         cov = Coverage(lease_id, self._block_bytes, max_blocks)
-        req = pb.LoadRequest(session_id=s.id, lease_id=lease_id)
+        req = load_request(s.id, lease_id)
         try:
             call = self._load_stream_rpc(req, timeout=s.timeout, metadata=s.metadata)
             async for ch in chunks(call, cov):
@@ -134,7 +134,7 @@ class Loads:
         s = self._session
         s.check_open()
         bb = self._block_bytes
-        req = pb.LoadRequest(session_id=s.id, lease_id=lease_id)
+        req = load_request(s.id, lease_id)
 
         async def attempt() -> Tuple[Coverage, dict]:
             cov = Coverage(lease_id, bb, len(views) if views is not None else None)

@@ -22,7 +22,7 @@ from .checksum import checksums
 from .copies import extents_of, save_summed
 from .errors import KVKeeperClientError, from_rpc_error, protocol_error
 from .session import Session
-from .stream import write_blocks_method, write_frames
+from .stream import write_blocks_method, write_frames, write_pack_bytes
 from .transport import Transport
 
 __all__ = ["Saves", "SaveResult", "WRITE_CHUNK_BYTES"]
@@ -106,7 +106,8 @@ class Saves:
                     sums = await save_summed(m, exts, [views[i] for i in reserved], algo,
                                              self._session.namespace.block_bytes * len(reserved))
                 else:
-                    await self._write_stream(sid, rid, [(i, views[i]) for i in reserved])
+                    await self._write_stream(sid, rid, [(i, views[i]) for i in reserved],
+                                             resp.pack_writes)
                     sums = (None if algo == pb.CHECKSUM_NONE else
                             await checksums([algo] * len(reserved), [views[i] for i in reserved]))
                 if sums is not None:
@@ -125,7 +126,8 @@ class Saves:
         raise KVKeeperClientError("the shared-memory arena changed twice during one save; "
                                   "nothing was written", grpc.StatusCode.ABORTED)
 
-    async def _write_stream(self, sid: str, rid: int, items: List[Tuple[int, memoryview]]) -> None:
+    async def _write_stream(self, sid: str, rid: int, items: List[Tuple[int, memoryview]],
+                            pack: bool = False) -> None:
         """WriteBlocks: the reserved blocks in chunks of at most 1 MiB (less if
         the daemon's max message size asks for it)."""
         if not items:
@@ -135,7 +137,9 @@ class Saves:
         if s.max_message_bytes:
             chunk = max(4096, min(chunk, s.max_message_bytes - 4096))
         try:
-            await self._write_blocks_rpc(write_frames(sid, rid, items, chunk),
+            await self._write_blocks_rpc(write_frames(sid, rid, items, chunk,
+                                                      write_pack_bytes(s.max_message_bytes)
+                                                      if pack else 0),
                                          timeout=s.timeout, metadata=s.metadata)
         except grpc.RpcError as e:
             raise from_rpc_error(e, "WriteBlocks") from e

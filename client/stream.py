@@ -9,16 +9,53 @@ caller's buffers; the connector: the KV cache) and verifies them.
 """
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Tuple
+from typing import Any, AsyncIterator, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+
+import grpc
 
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 from .errors import protocol_error
 from .wire import Chunk, encode_write_chunk, parse_block_chunk
 
-__all__ = ["Coverage", "chunks", "load_stream_method", "write_blocks_method", "write_frames"]
+__all__ = ["KEYED_UNKNOWN", "WRITE_PACK_BYTES", "Coverage", "KeyedStream", "check_head", "chunks",
+           "keyed_request", "load_request", "load_stream_method", "write_blocks_method",
+           "write_frames", "write_pack_bytes"]
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["KVKeeper"].full_name
+
+
+def load_request(session_id: str, lease_id: int) -> pb.LoadRequest:
+    """LoadStream's request. pack_blocks: small blocks come several to a
+    message (Coverage.take splits them), a fraction of the per-message cost
+    of gRPC on both sides; a daemon that ignores it sends one per message."""
+    return pb.LoadRequest(session_id=session_id, lease_id=lease_id, pack_blocks=True)
+
+
+# What a daemon without the keyed form answers it: lease 0 is unknown.
+KEYED_UNKNOWN = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
+
+
+def keyed_request(session_id: str, keys: Sequence[bytes]) -> pb.LoadRequest:
+    """A keyed LoadStream's request: match `keys` under a report_use lease
+    (the caller reports its use with its own lookup) and stream it."""
+    return pb.LoadRequest(session_id=session_id, keys=keys, report_use=True, pack_blocks=True)
+
+
+class KeyedStream(NamedTuple):
+    """A keyed LoadStream: its lease (0: nothing matched), the leading keys
+    matched, and the lease's chunks, one block each, as load_chunks yields them."""
+
+    lease_id: int
+    matched: int
+    chunks: Iterator[Chunk]
+
+
+def check_head(head: Chunk) -> None:
+    """A keyed LoadStream's first chunk names its lease and carries no block."""
+    if head.data.nbytes or head.checksums or (head.matched and not head.lease_id):
+        raise protocol_error(f"a keyed LoadStream began with block {head.index} "
+                             f"({head.data.nbytes} bytes) instead of naming its lease")
 
 
 def load_stream_method(channel: Any) -> Any:
@@ -35,17 +72,44 @@ def write_blocks_method(channel: Any) -> Any:
                                 response_deserializer=pb.WriteBlocksResponse.FromString)
 
 
-def write_frames(sid: str, rid: int, items: Sequence[Tuple[int, memoryview]], chunk: int):
+# Runs of small blocks go whole, several to a WriteChunk of up to 2 MiB, where
+# the daemon takes them: fewer messages through gRPC (as LoadStream's packed chunks).
+WRITE_PACK_BYTES = 2 << 20
+
+
+def write_pack_bytes(max_message_bytes: int) -> int:
+    """The most data bytes of a packed WriteChunk, within the daemon's message limit."""
+    if not max_message_bytes:
+        return WRITE_PACK_BYTES
+    return min(WRITE_PACK_BYTES, max_message_bytes - 4096)
+
+
+def write_frames(sid: str, rid: int, items: Sequence[Tuple[int, memoryview]], chunk: int,
+                 pack: int = 0):
     """Serialized WriteChunks of the (index, block view) items, each built in
-    one copy from the view; the first carries the session and reservation."""
-    first = True
+    one copy from the views; the first carries the session and reservation.
+    pack: where the daemon takes them (ReserveSaveResponse.pack_writes), runs
+    of consecutive entries go whole, several to a chunk of up to this many bytes."""
+    head = [sid, rid]
+
+    def frame(idx: int, off: int, views: List[memoryview]) -> bytes:
+        out = encode_write_chunk(head[0], head[1], idx, off, views)
+        head[:] = ["", 0]
+        return out
+
+    run: List[Tuple[int, memoryview]] = []
     for idx, view in items:
-        for off in range(0, view.nbytes, chunk):
-            if first:
-                yield encode_write_chunk(sid, rid, idx, off, [view[off:off + chunk]])
-                first = False
-            else:
-                yield encode_write_chunk("", 0, idx, off, [view[off:off + chunk]])
+        n = view.nbytes
+        if run and (idx != run[-1][0] + 1 or (len(run) + 1) * n > pack):
+            yield frame(run[0][0], 0, [v for _, v in run])
+            run = []
+        if 2 * n <= pack:
+            run.append((idx, view))
+            continue
+        for off in range(0, n, chunk):
+            yield frame(idx, off, [view[off:off + chunk]])
+    if run:
+        yield frame(run[0][0], 0, [v for _, v in run])
 
 
 class Coverage:
@@ -59,6 +123,23 @@ class Coverage:
         self.max_blocks = max_blocks
         self.ranges: Dict[int, List[Tuple[int, int]]] = {}
         self.sums: Dict[int, Tuple[int, int]] = {}
+
+    def take(self, ch: Chunk) -> Sequence[Chunk]:
+        """The chunk as chunks of one block each, every one checked (add): a
+        chunk of k whole blocks (BlockChunk.checksums) is cut into k views of
+        its data, each with its block's checksum."""
+        if not ch.checksums:
+            self.add(ch)
+            return (ch,)
+        k, bb, n = len(ch.checksums), self.bb, ch.data.nbytes
+        if ch.offset != 0 or n != k * bb:
+            raise protocol_error(f"a chunk of {k} whole blocks from block {ch.index} holds "
+                                 f"{n} bytes at offset {ch.offset}, not {k * bb} at 0")
+        out = [Chunk(ch.index + j, 0, ch.data[j * bb:(j + 1) * bb], ch.checksum_algo, c)
+               for j, c in enumerate(ch.checksums)]
+        for c in out:
+            self.add(c)
+        return out
 
     def add(self, ch: Chunk) -> None:
         idx, off, n = ch.index, ch.offset, ch.data.nbytes
@@ -97,11 +178,11 @@ class Coverage:
 
 
 async def chunks(call: Any, coverage: Coverage) -> AsyncIterator[Chunk]:
-    """The chunks of a started LoadStream call, each checked by `coverage`
-    before it is yielded; the call is cancelled if the consumer stops early."""
+    """The chunks of a started LoadStream call, one block each, checked by
+    `coverage` before they are yielded; the call is cancelled if the consumer stops early."""
     try:
-        async for ch in call:
-            coverage.add(ch)
-            yield ch
+        async for packed in call:
+            for ch in coverage.take(packed):
+                yield ch
     finally:
         call.cancel()   # no-op once the stream ended; stops it on our errors

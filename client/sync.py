@@ -27,12 +27,13 @@ from kvkeeper.v1 import kvkeeper_pb2 as pb
 from .aio import CHANNEL_OPTIONS, AsyncClient
 from .auth import TLSLike, bearer_metadata, sync_channel
 from .checksum import DEFAULT as DEFAULT_CHECKSUM
-from .errors import DeadlineExceededError, from_rpc_error
+from .errors import DeadlineExceededError, from_rpc_error, protocol_error
 from .leases import MatchResult
 from .retry import MAX_DELAY
 from .saves import SaveResult
 from .session import NamespaceLike
-from .stream import Coverage, load_stream_method
+from .stream import (KEYED_UNKNOWN, Coverage, KeyedStream, check_head, keyed_request,
+                     load_request, load_stream_method)
 from .url import to_grpc_target
 from .wire import Chunk
 
@@ -226,14 +227,45 @@ class Client:
         an exception) cancels the stream."""
         if self._closed:
             raise RuntimeError("the kvkeeper client is closed")
-        cov = Coverage(lease_id, self.block_bytes, max_blocks)
-        req = pb.LoadRequest(session_id=self.session_id, lease_id=lease_id)
-        call = load_stream_method(self._stream_channel())(req, timeout=self._timeout,
-                                                          metadata=self._metadata)
+        call = self._load_stream(load_request(self.session_id, lease_id))
+        return self._chunks(call, lease_id, max_blocks)
+
+    def stream_matching(self, keys: Sequence[bytes]) -> Optional[KeyedStream]:
+        """Match `keys` under a new report_use lease and stream it, in one call
+        on load_chunks' channel (LoadRequest.keys): the lease (0: nothing
+        matched), how many keys matched, and its chunks as load_chunks yields
+        them. The caller releases the lease. None where the daemon does not
+        know the keyed form, or for more keys than one call takes: match and
+        load_chunks then."""
+        if self._closed:
+            raise RuntimeError("the kvkeeper client is closed")
+        if len(keys) > self.max_keys_per_call:
+            return None
+        call = self._load_stream(keyed_request(self.session_id, keys))
         try:
-            for ch in call:
-                cov.add(ch)
-                yield ch
+            head = next(call)
+        except grpc.RpcError as e:
+            call.cancel()
+            if e.code() in KEYED_UNKNOWN:
+                return None   # an older daemon looked for lease 0
+            raise from_rpc_error(e, "LoadStream") from e
+        except StopIteration:
+            raise protocol_error("a keyed LoadStream ended before naming its lease") from None
+        check_head(head)
+        if not head.lease_id:
+            call.cancel()
+            return KeyedStream(0, head.matched, iter(()))
+        return KeyedStream(head.lease_id, head.matched, self._chunks(call, head.lease_id, None))
+
+    def _load_stream(self, req: pb.LoadRequest) -> Any:
+        return load_stream_method(self._stream_channel())(req, timeout=self._timeout,
+                                                          metadata=self._metadata)
+
+    def _chunks(self, call: Any, lease_id: int, max_blocks: Optional[int]) -> Iterator[Chunk]:
+        cov = Coverage(lease_id, self.block_bytes, max_blocks)
+        try:
+            for packed in call:
+                yield from cov.take(packed)
         except grpc.RpcError as e:
             raise from_rpc_error(e, "LoadStream") from e
         finally:

@@ -33,7 +33,8 @@ from typing import Any, List, NamedTuple, Sequence, Tuple
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 __all__ = ["Chunk", "MatchReply", "WriteChunkView", "encode_block_chunk",
-           "encode_match_request", "encode_match_response", "encode_write_chunk",
+           "encode_match_request", "encode_match_response", "encode_stream_head",
+           "encode_write_chunk",
            "frame_or_message", "parse_block_chunk", "parse_match_response", "parse_write_chunk",
            "slice_views", "WireError"]
 
@@ -46,13 +47,18 @@ class WireError(ValueError):
 
 
 class Chunk(NamedTuple):
-    """A parsed BlockChunk; `data` is a read-only view into the received message."""
+    """A parsed BlockChunk; `data` is a read-only view into the received message.
+    checksums: set only on a chunk of several whole blocks (stream.unpack
+    splits it into one Chunk per block)."""
 
     index: int
     offset: int
     data: memoryview
     checksum_algo: int
     checksum: int
+    checksums: Tuple[int, ...] = ()
+    lease_id: int = 0   # a keyed LoadStream's first chunk (no data): the lease it streams
+    matched: int = 0
 
 
 class WriteChunkView(NamedTuple):
@@ -118,15 +124,26 @@ def slice_views(views: Sequence[memoryview], start: int, n: int) -> List[memoryv
 
 
 def encode_block_chunk(index: int, offset: int, pieces: Sequence[Any],
-                       checksum_algo: int = 0, checksum: int = 0) -> bytes:
+                       checksum_algo: int = 0, checksum: int = 0,
+                       checksums: Sequence[int] = ()) -> bytes:
     """A serialized BlockChunk whose data is the concatenation of `pieces`
-    (buffers, e.g. arena views), copied once into the frame."""
+    (buffers, e.g. arena views), copied once into the frame. checksums: of
+    the whole blocks a packed chunk holds (written packed, as protobuf does)."""
     views, n = _length(pieces)
     head = _scalar(1, index & _U32) + _scalar(2, offset & _U64) + _bytes_field(3, n)
     tail = _scalar(4, checksum_algo) + _scalar(5, checksum & _U64)
+    if checksums:
+        packed = b"".join(_varint(c & _U64) for c in checksums)
+        tail += _bytes_field(6, len(packed)) + packed
     if not n:
         return head + tail
     return b"".join([head, *views, tail])
+
+
+def encode_stream_head(lease_id: int, matched: int) -> bytes:
+    """A keyed LoadStream's first BlockChunk: the lease it streams, and how
+    many keys matched (both 0: nothing did)."""
+    return _scalar(7, lease_id & _U64) + _scalar(8, matched & _U32)
 
 
 def encode_write_chunk(session_id: str, reservation_id: int, index: int, offset: int,
@@ -213,17 +230,31 @@ def _int32(v: int) -> int:
     return v - (1 << 32) if v & 0x80000000 else v
 
 
-_CHUNK_VARINTS = frozenset((1, 2, 4, 5))
-_CHUNK_BLOBS = frozenset((3,))
+_CHUNK_VARINTS = frozenset((1, 2, 4, 5, 6, 7, 8))
+_CHUNK_BLOBS = frozenset((3, 6))
 _EMPTY = memoryview(b"")
+
+
+def _packed_varints(buf: Any, start: int, end: int) -> List[int]:
+    out = []
+    pos = start
+    while pos < end:
+        v, pos = _read_varint(buf, pos, end)
+        out.append(v)
+    return out
 
 
 def parse_block_chunk(buf: bytes) -> Chunk:
     """A BlockChunk from its serialized bytes (gRPC's response deserializer)."""
-    index = offset = algo = checksum = 0
+    index = offset = algo = checksum = lease_id = matched = 0
     data = None
+    sums: List[int] = []
     for field, v in _fields(buf, _CHUNK_VARINTS, _CHUNK_BLOBS):
-        if field == 1:
+        if field == 7:
+            lease_id = v
+        elif field == 8:
+            matched = v & _U32
+        elif field == 1:
             index = v & _U32
         elif field == 2:
             offset = v
@@ -231,10 +262,14 @@ def parse_block_chunk(buf: bytes) -> Chunk:
             data = v
         elif field == 4:
             algo = _int32(v)
-        else:
+        elif field == 5:
             checksum = v
+        elif type(v) is tuple:   # 6, packed (what protobuf writes)
+            sums += _packed_varints(buf, v[0], v[1])
+        else:                    # 6, one value unpacked (protobuf's parser takes both)
+            sums.append(v)
     mv = memoryview(buf)[data[0]:data[1]].toreadonly() if data else _EMPTY
-    return Chunk(index, offset, mv, algo, checksum)
+    return Chunk(index, offset, mv, algo, checksum, tuple(sums), lease_id, matched)
 
 
 _WRITE_VARINTS = frozenset((2, 3, 4))

@@ -67,6 +67,8 @@ class Fetcher:
         f = self._fetch_by_refs(spec)
         if f is not None:
             return f
+        if self._stream_matching(spec, keys, timings):
+            return None
         # report_use: the scheduler reports this load with its own lookup.
         res = self._link.call(lambda c: c.match(keys, lease=True, blocks=True, report_use=True),
                               "load")
@@ -124,6 +126,39 @@ class Fetcher:
             f.checked[last] = loader.fetched_ok(f, last)
             f.copy_n = last
         return f
+
+    def _stream_matching(self, spec: LoadSpec, keys: List[bytes], timings: LoadTimings) -> bool:
+        """Without a mapped arena: match and stream in one call (a keyed
+        LoadStream: a round trip less). False where the daemon does not
+        know it; the load is done (loaded, or failed: raised) otherwise."""
+        loader = self._loader
+
+        def run(c: Any) -> Optional[Tuple[int, List[int]]]:
+            if c.transport != "stream":
+                return None
+            t0 = time.perf_counter()
+            ks = c.stream_matching(keys)
+            if ks is None:
+                return None
+            if not ks.lease_id:
+                return 0, []
+            bad: List[int] = []
+            try:
+                m = min(ks.matched, spec.num_blocks())
+                good, bad = load_streamed(c, loader.codec, ks.lease_id, spec.block_ids[:m],
+                                          loader.block_ok, timings, chunks=ks.chunks)
+                timings.stream = time.perf_counter() - t0
+                loader.count_corrupt(spec.req_id, bad)
+                return good, bad
+            finally:
+                if self._releaser is not None:
+                    self._releaser.release(ks.lease_id, discard_indices=bad)
+
+        done = self._link.call(run, "load")
+        if done is None:
+            return False
+        self._results.finish(spec, *done)
+        return True
 
     def _load_streamed(self, spec: LoadSpec, lease_id: int, n: int,
                        timings: LoadTimings) -> Tuple[int, List[int]]:

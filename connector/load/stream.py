@@ -8,7 +8,9 @@ they come (Client.load_chunks) and copies each block straight from the
 message into the paged KV tensors, layer by layer (BlockCodec.copy_layer_in,
 as the shared-memory path copies from the arena), then checks the block's
 checksum over the bytes it was copied from, as the shared-memory path does
-(copy_in.py), while the next blocks are still on the wire. A block larger
+(copy_in.py), while the next blocks are still on the wire. Small blocks
+come several to a message (LoadRequest.pack_blocks), which the client hands
+on as one chunk per block, each a view of that message. A block larger
 than one chunk (the daemon sends at most 1 MiB per chunk) is gathered in a
 staging row first, then copied the same way.
 
@@ -21,7 +23,7 @@ drop from the daemon; the leading good ones are loaded.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -38,7 +40,8 @@ def _copy_block(codec: BlockCodec, block_id: int, src: torch.Tensor) -> None:
 
 def load_streamed(client: Any, codec: BlockCodec, lease_id: int, block_ids: Sequence[int],
                   check: Callable[[int, Tuple[int, int], torch.Tensor], bool],
-                  timings: Optional[LoadTimings] = None) -> Tuple[int, List[int]]:
+                  timings: Optional[LoadTimings] = None,
+                  chunks: Optional[Iterable[Any]] = None) -> Tuple[int, List[int]]:
     """Stream lease `lease_id` into vLLM blocks `block_ids` (its leading
     len(block_ids) blocks; later ones are received and dropped). check(block
     id, (checksum_algo, checksum), the bytes copied from) says whether a
@@ -46,7 +49,9 @@ def load_streamed(client: Any, codec: BlockCodec, lease_id: int, block_ids: Sequ
     Returns (leading blocks loaded and intact, lease positions that failed
     their check). Raises if the stream fails or leaves a block incomplete.
     timings, if given, gets the seconds until the first chunk came
-    (stream_first) and those spent copying and checking (stream_copy)."""
+    (stream_first) and those spent copying and checking (stream_copy).
+    chunks: the lease's chunks of a stream already started (a keyed
+    LoadStream, Client.stream_matching), instead of client.load_chunks."""
     n = len(block_ids)
     bb = codec.block_bytes
     sums: Dict[int, Tuple[int, int]] = {}
@@ -63,7 +68,7 @@ def load_streamed(client: Any, codec: BlockCodec, lease_id: int, block_ids: Sequ
         intact[i] = check(block_ids[i], sums.get(i, (0, 0)), src)
         busy += time.perf_counter() - t
 
-    for ch in client.load_chunks(lease_id):
+    for ch in (chunks if chunks is not None else client.load_chunks(lease_id)):
         if not first:
             first = time.perf_counter() - t0
         i = ch.index

@@ -11,7 +11,8 @@ from typing import Any, List
 import pytest
 from google.protobuf.message import DecodeError
 
-from kvkeeper.client.wire import (WireError, encode_block_chunk, encode_write_chunk,
+from kvkeeper.client.wire import (WireError, encode_block_chunk, encode_stream_head,
+                                  encode_write_chunk,
                                   parse_block_chunk, parse_write_chunk, slice_views)
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
@@ -63,8 +64,10 @@ def pieces(rng: random.Random, data: bytes) -> List[Any]:
 
 
 def same_chunk(got: Any, want: pb.BlockChunk) -> None:
-    assert (got.index, got.offset, bytes(got.data), got.checksum_algo, got.checksum) == \
-        (want.index, want.offset, want.data, want.checksum_algo, want.checksum)
+    assert (got.index, got.offset, bytes(got.data), got.checksum_algo, got.checksum,
+            list(got.checksums), got.lease_id, got.matched) == \
+        (want.index, want.offset, want.data, want.checksum_algo, want.checksum,
+         list(want.checksums), want.lease_id, want.matched)
 
 
 def same_write(got: Any, want: pb.WriteChunk) -> None:
@@ -77,10 +80,11 @@ def test_block_chunk_frames_are_protobufs_bytes(seed: int) -> None:
     rng = random.Random(seed)
     data = rng.randbytes(rng.choice([0, 1, 5, 127, 128, 300, 16384 + 3]))
     msg = pb.BlockChunk(index=rand_int(rng, 32), offset=rand_int(rng, 64), data=data,
-                        checksum_algo=rand_algo(rng), checksum=rand_int(rng, 64))
+                        checksum_algo=rand_algo(rng), checksum=rand_int(rng, 64),
+                        checksums=[rand_int(rng, 64) for _ in range(rng.choice([0, 0, 1, 5]))])
     wire = msg.SerializeToString()
     assert encode_block_chunk(msg.index, msg.offset, pieces(rng, data), msg.checksum_algo,
-                              msg.checksum) == wire
+                              msg.checksum, list(msg.checksums)) == wire
     got = parse_block_chunk(wire)
     same_chunk(got, msg)
     assert got.data.readonly
@@ -115,13 +119,17 @@ def test_block_chunk_parse_agrees_with_protobuf_on_odd_messages(seed: int) -> No
              field(2, 0, value=rand_int(rng, 64)),
              field(3, 2, rng.randbytes(rng.randint(0, 50))),
              field(4, 0, value=rand_algo(rng)),
-             field(5, 0, value=rand_int(rng, 64))]
+             field(5, 0, value=rand_int(rng, 64)),
+             # checksums: packed (as protobuf writes them) and one by one
+             field(6, 2, b"".join(varint(rand_int(rng, 64)) for _ in range(rng.randint(0, 4)))),
+             field(6, 0, value=rand_int(rng, 64)),
+             field(7, 0, value=rand_int(rng, 64)), field(8, 0, value=rand_int(rng, 64))]
     parts += [field(rng.choice([1, 2, 3, 4, 5]), 0 if rng.random() < 0.7 else 2,
                     rng.randbytes(rng.randint(0, 9)), rng.getrandbits(64))
               for _ in range(rng.randint(0, 3))]    # repeats; some of another wire type
     parts += [field(rng.choice([1, 2, 4, 5]), rng.choice([1, 5]), value=rng.getrandbits(32))
               for _ in range(rng.randint(0, 2))]   # known numbers, fixed wire types
-    parts += unknown_fields(rng, {1, 2, 3, 4, 5})
+    parts += unknown_fields(rng, {1, 2, 3, 4, 5, 6, 7, 8})
     rng.shuffle(parts)
     wire = b"".join(rng.sample(parts, rng.randint(0, len(parts))))
     same_chunk(parse_block_chunk(wire), pb.BlockChunk.FromString(wire))
@@ -164,12 +172,25 @@ def test_malformed_messages_fail_like_protobuf(wire: bytes) -> None:
         parse_write_chunk(wire)
 
 
-def test_a_session_id_that_is_not_utf8_fails_like_protobuf() -> None:
-    wire = field(1, 2, b"\xff\xfe")
+@pytest.mark.parametrize("message,parse,wire", [
+    # packed checksums that end mid-varint
+    (pb.BlockChunk, parse_block_chunk, field(6, 2, b"\x01\xff")),
+    # a session id that is not UTF-8
+    (pb.WriteChunk, parse_write_chunk, field(1, 2, b"\xff\xfe")),
+])
+def test_bad_field_values_fail_like_protobuf(message: Any, parse: Any, wire: bytes) -> None:
     with pytest.raises(DecodeError):
-        pb.WriteChunk.FromString(wire)
+        message.FromString(wire)
     with pytest.raises(WireError):
-        parse_write_chunk(wire)
+        parse(wire)
+
+
+@pytest.mark.parametrize("lease_id,matched", [(0, 0), (1, 0), (5, 3), ((1 << 64) - 1, (1 << 32) - 1)])
+def test_a_keyed_streams_head_is_protobufs_bytes(lease_id: int, matched: int) -> None:
+    wire = pb.BlockChunk(lease_id=lease_id, matched=matched).SerializeToString()
+    assert encode_stream_head(lease_id, matched) == wire
+    got = parse_block_chunk(wire)
+    assert (got.lease_id, got.matched, got.data.nbytes) == (lease_id, matched, 0)
 
 
 def test_data_is_a_view_of_the_message_not_a_copy() -> None:

@@ -117,8 +117,13 @@ def test_saved_blocks_load_into_other_block_ids(daemon: DaemonProcess, transport
         ks = keys(3)
         save(a, ks, [4, 7, 1])
         assert daemon.stats().tiers[0].blocks == 3
+        client, matches = b.link.client(), []
+        real_match = client.match
+        client.match = lambda *args, **kw: (matches.append(args), real_match(*args, **kw))[1]
         errors, wm = load(b, ks, [0, 9, 5])
         assert errors == set() and wm.loads_done == {1: {0: (3, ())}}
+        # streamed: matched and streamed in one keyed LoadStream, no Match first
+        assert len(matches) == (0 if transport == "stream" else 1), matches
         # the worker's observation point: the phases this load went through
         phases = set(b.load_timings.as_dict())
         assert {"fetch", "stream", "stream_first", "stream_copy"} <= phases \

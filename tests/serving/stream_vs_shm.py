@@ -32,7 +32,7 @@ full block less the last-token rule, its loaded blocks by every full block,
 and no load, load-error-block, checksum or lookup error may be counted.
 
 With timings (the default) the loaders run the benchmarks' timed subclass
-of the connector (server/bench/ttft_connector.py: the same connector,
+of the connector (connector/bench/ttft_connector.py: the same connector,
 writing one JSON line per load), and the report carries the median
 breakdown of a request: load (the step's wait for the connector), its
 phases (load.stream: the LoadStream with its copies and checks,
@@ -62,11 +62,12 @@ from connector_harness import DaemonProcess, short_tmpdir, vllm_unavailable  # n
 from serving_harness import Server, free_port, serve_argv, serve_env  # noqa: E402
 from tiny_llama import TINY_LLAMA, write_tokenizer  # noqa: E402
 
+from kvkeeper.connector.bench.model import kv_bytes_per_token  # noqa: E402
+from kvkeeper.connector.bench.phases import breakdown  # noqa: E402
+from kvkeeper.connector.bench.rig import SWITCH_SETTLE_S  # noqa: E402
+from kvkeeper.connector.bench.stream_hit_bench import MODELS  # noqa: E402
 from kvkeeper.connector.keys import full_blocks, hit_tokens  # noqa: E402
 from kvkeeper.server.bench.result import median  # noqa: E402
-from kvkeeper.server.bench.stream_hit_bench import MODELS  # noqa: E402
-from kvkeeper.server.bench.ttft_bench import (SWITCH_SETTLE_S, breakdown,  # noqa: E402
-                                              kv_bytes_per_token)
 from kvkeeper.server.experiment.metrics_text import fetch  # noqa: E402
 from kvkeeper.server.experiment.openai_client import Backend, RequestRecord  # noqa: E402
 from kvkeeper.server.experiment.workload import Row  # noqa: E402
@@ -77,9 +78,9 @@ READY_ROUNDS = 5
 COUNTER_WAIT_S = 10.0     # vLLM's /metrics follows a finished request within a step or two
 SAVE_WAIT_S = 60.0
 SESSIONS_WAIT_S = 40.0    # beyond the daemon's 30 s session TTL: "gone" then means expired
-# server/bench/ttft_connector.py's TIMINGS_ENV and class (that module imports vLLM).
+# connector/bench/ttft_connector.py's TIMINGS_ENV and class (that module imports vLLM).
 TIMINGS_ENV = "KVKEEPER_BENCH_TIMINGS"
-TIMED_CONNECTOR = ("TimedKVKeeperConnector", "kvkeeper.server.bench.ttft_connector")
+TIMED_CONNECTOR = ("TimedKVKeeperConnector", "kvkeeper.connector.bench.ttft_connector")
 LOADERS = ("loader-shm", "loader-stream")
 # Greedy; the one token may be special or a partial UTF-8 byte: show it anyway, so
 # the first chunk carries text and the client's TTFT is taken.

@@ -178,12 +178,18 @@ class BlockRef(_message.Message):
     def __init__(self, key: _Optional[bytes] = ..., extents: _Optional[_Iterable[_Union[Extent, _Mapping]]] = ..., checksum_algo: _Optional[_Union[ChecksumAlgo, str]] = ..., checksum: _Optional[int] = ...) -> None: ...
 
 class LoadRequest(_message.Message):
-    __slots__ = ("session_id", "lease_id")
+    __slots__ = ("session_id", "lease_id", "pack_blocks", "keys", "report_use")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    PACK_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    REPORT_USE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     lease_id: int
-    def __init__(self, session_id: _Optional[str] = ..., lease_id: _Optional[int] = ...) -> None: ...
+    pack_blocks: bool
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    report_use: bool
+    def __init__(self, session_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., pack_blocks: _Optional[bool] = ..., keys: _Optional[_Iterable[bytes]] = ..., report_use: _Optional[bool] = ...) -> None: ...
 
 class LoadResponse(_message.Message):
     __slots__ = ("blocks",)
@@ -192,18 +198,24 @@ class LoadResponse(_message.Message):
     def __init__(self, blocks: _Optional[_Iterable[_Union[BlockRef, _Mapping]]] = ...) -> None: ...
 
 class BlockChunk(_message.Message):
-    __slots__ = ("index", "offset", "data", "checksum_algo", "checksum")
+    __slots__ = ("index", "offset", "data", "checksum_algo", "checksum", "checksums", "lease_id", "matched")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_ALGO_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    MATCHED_FIELD_NUMBER: _ClassVar[int]
     index: int
     offset: int
     data: bytes
     checksum_algo: ChecksumAlgo
     checksum: int
-    def __init__(self, index: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., checksum_algo: _Optional[_Union[ChecksumAlgo, str]] = ..., checksum: _Optional[int] = ...) -> None: ...
+    checksums: _containers.RepeatedScalarFieldContainer[int]
+    lease_id: int
+    matched: int
+    def __init__(self, index: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., checksum_algo: _Optional[_Union[ChecksumAlgo, str]] = ..., checksum: _Optional[int] = ..., checksums: _Optional[_Iterable[int]] = ..., lease_id: _Optional[int] = ..., matched: _Optional[int] = ...) -> None: ...
 
 class ReserveSaveRequest(_message.Message):
     __slots__ = ("session_id", "keys", "transport")
@@ -224,14 +236,16 @@ class SaveSlot(_message.Message):
     def __init__(self, status: _Optional[_Union[SlotStatus, str]] = ..., extents: _Optional[_Iterable[_Union[Extent, _Mapping]]] = ...) -> None: ...
 
 class ReserveSaveResponse(_message.Message):
-    __slots__ = ("reservation_id", "slots", "expires_in_seconds")
+    __slots__ = ("reservation_id", "slots", "expires_in_seconds", "pack_writes")
     RESERVATION_ID_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_IN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PACK_WRITES_FIELD_NUMBER: _ClassVar[int]
     reservation_id: int
     slots: _containers.RepeatedCompositeFieldContainer[SaveSlot]
     expires_in_seconds: float
-    def __init__(self, reservation_id: _Optional[int] = ..., slots: _Optional[_Iterable[_Union[SaveSlot, _Mapping]]] = ..., expires_in_seconds: _Optional[float] = ...) -> None: ...
+    pack_writes: bool
+    def __init__(self, reservation_id: _Optional[int] = ..., slots: _Optional[_Iterable[_Union[SaveSlot, _Mapping]]] = ..., expires_in_seconds: _Optional[float] = ..., pack_writes: _Optional[bool] = ...) -> None: ...
 
 class WriteChunk(_message.Message):
     __slots__ = ("session_id", "reservation_id", "index", "offset", "data")
