@@ -12,6 +12,9 @@ repetitions (p90 in params beside every median):
         the kvkeeper full hit, baseline: its median)
   partial_hit.kvkeeper_vs_vllm_prefix_cache    target <= 1.1: 75% shared, against
         vLLM's own cache hit on the same shared part of the same prompt
+  verification.failed_checks                   target <= 0 (the value): the checks
+        of every timed repetition that failed (ttft_checks.py); any fails
+        every target of the case
   full_hit.kvkeeper_vs_recompute               informational
   floor.vllm_prefix_cache_vs_recompute         informational
   full_hit.example_connector_vs_recompute      informational
