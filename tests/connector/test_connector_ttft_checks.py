@@ -133,3 +133,18 @@ def test_load_counters_must_grow_by_the_loaded_blocks_and_no_error() -> None:
     assert "checksum_errors +1" in load_counters_problem(
         "kvk-b", before, {"vllm:kvkeeper_loaded_blocks": 26.0,
                           "vllm:kvkeeper_checksum_errors": 1.0}, 16)
+
+
+def test_breakdown_carries_vllms_stages_and_the_lookup_calls() -> None:
+    from kvkeeper.connector.bench.phases import breakdown
+    r = good_round()
+    r["kvk_full"]["stages"] = {"submit": 0.001, "queue": 0.006, "step": 0.04, "out": 0.003}
+    r["kvk_full"]["timings"] = [{"event": "lookup", "dur": 0.005, "pending": True},
+                                {"event": "lookup", "dur": 0.002},
+                                {"event": "load", "dur": 0.01, "blocks": 16, "copy": 0.008},
+                                {"event": "step", "forward": 0.02, "save": 0.0}]
+    bd = breakdown([r], "kvk_full")
+    assert bd["stage.queue"] == 0.006 and bd["stage.step"] == 0.04
+    assert bd["lookup_calls"] == 2 and bd["lookup"] == pytest.approx(0.007)
+    assert bd["load.copy"] == 0.008 and bd["forward"] == 0.02
+    assert bd["other"] == pytest.approx(0.05 - 0.007 - 0.01 - 0.02)
