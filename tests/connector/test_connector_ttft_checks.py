@@ -148,3 +148,15 @@ def test_breakdown_carries_vllms_stages_and_the_lookup_calls() -> None:
     assert bd["lookup_calls"] == 2 and bd["lookup"] == pytest.approx(0.007)
     assert bd["load.copy"] == 0.008 and bd["forward"] == 0.02
     assert bd["other"] == pytest.approx(0.05 - 0.007 - 0.01 - 0.02)
+
+
+def test_stages_cut_a_requests_ttft_at_vllms_timestamps() -> None:
+    from types import SimpleNamespace
+
+    from kvkeeper.connector.bench.engine import stages
+    m = SimpleNamespace(queued_ts=10.002, scheduled_ts=10.010, first_token_ts=10.040)
+    st = stages(m, sent=10.0, ttft=0.045)
+    assert st == pytest.approx({"submit": 0.002, "queue": 0.008, "step": 0.03, "out": 0.005})
+    assert stages(SimpleNamespace(queued_ts=0.0, scheduled_ts=1.0, first_token_ts=2.0),
+                  sent=0.5, ttft=1.0) == {}
+    assert stages(None, sent=0.0, ttft=1.0) == {}
