@@ -15,14 +15,18 @@ any strides and any device (copy_ moves across devices).
 The direct load path skips the staging tensor: `copy_layer_in` copies one
 layer of each block straight from its source bytes (views of the daemon's
 shared-memory arena) into the KV tensors, one layer at a time so a layer's
-attention can start once that layer is in. `block_checksum` hashes a block
+attention can start once that layer is in (`copy_block_in`: every layer of
+one block, so that its check reads the source from the cache); where a
+layer's block is one span of host memory (vLLM's CPU layout), with one
+memmove per block and layer. `block_checksum` hashes a block
 as it is in the KV cache, layer piece by layer piece (the loads check the
 bytes they copied from instead: load/copy_in.py).
 """
 from __future__ import annotations
 
+import ctypes
 import warnings
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -30,17 +34,27 @@ from kvkeeper.client.checksum import checksum_parts
 
 from .layout import KVLayout
 
-__all__ = ["BlockCodec", "LayoutMismatch", "block_source"]
+__all__ = ["BlockCodec", "LayoutMismatch", "block_source", "block_sources"]
 
 
 def block_source(pieces: Sequence[memoryview], block_bytes: int) -> torch.Tensor:
     """A block's bytes (pieces in order: arena extents, a received chunk) as
     a uint8 tensor for copy_layer_in: a view when it is one piece (the usual
     case), else a copy joining them."""
+    return block_sources([pieces], block_bytes)[0]
+
+
+def block_sources(blocks: Sequence[Sequence[memoryview]], block_bytes: int) -> List[torch.Tensor]:
+    """block_source of each block's pieces (one warnings filter for all: per
+    block it cost five times the views themselves)."""
     with warnings.catch_warnings():
         # Read-only views are only read; torch warns about any non-writable buffer.
         warnings.simplefilter("ignore", UserWarning)
-        parts = [torch.frombuffer(p, dtype=torch.uint8) for p in pieces if len(p)]
+        return [_joined([torch.frombuffer(p, dtype=torch.uint8) for p in pieces if len(p)],
+                        block_bytes) for pieces in blocks]
+
+
+def _joined(parts: List[torch.Tensor], block_bytes: int) -> torch.Tensor:
     if len(parts) == 1 and parts[0].numel() == block_bytes:
         return parts[0]
     out = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
@@ -54,7 +68,7 @@ class LayoutMismatch(ValueError):
 
 
 class _Layer:
-    __slots__ = ("name", "tensor", "offset", "split", "kernel_tokens", "elem_bytes")
+    __slots__ = ("name", "tensor", "offset", "split", "kernel_tokens", "elem_bytes", "flat")
 
     def __init__(self, name: str, tensor: torch.Tensor, offset: int, split: int) -> None:
         self.name = name
@@ -63,6 +77,15 @@ class _Layer:
         self.split = split  # kernel blocks per vLLM block
         self.kernel_tokens = tensor.shape[2]
         self.elem_bytes = tensor.element_size()
+        # A vLLM block of this layer is one span of host memory holding its
+        # logical [H, N, C] bytes in order (one kernel block, row-major
+        # inside): then a block's layer is copied in with one memmove.
+        self.flat = (tensor.device.type == "cpu" and split == 1 and tensor.shape[0] > 0
+                     and tensor[0].is_contiguous()
+                     and tensor.stride(0) * self.elem_bytes >= tensor[0].numel() * self.elem_bytes)
+
+
+_memmove = ctypes.memmove
 
 
 class BlockCodec:
@@ -81,6 +104,10 @@ class BlockCodec:
             t = kv_caches[name]
             self._layers.append(_Layer(name, t, i * layout.layer_bytes, t.shape[0] // num_blocks))
         self.device = self._layers[0].tensor.device
+        # Flat layers' (base address, bytes per block, blocks, offset in a block).
+        self._spans = [(l.tensor.data_ptr(), l.tensor.stride(0) * l.elem_bytes,
+                        l.tensor.shape[0], l.offset) if l.flat else (0, 0, 0, 0)
+                       for l in self._layers]
 
     @staticmethod
     def check(layout: KVLayout, kv_caches: Mapping[str, torch.Tensor],
@@ -222,6 +249,9 @@ class BlockCodec:
         layer = self._layers[index]
         lb = self.layout.layer_bytes
         t = layer.tensor
+        if layer.flat:
+            self._memmove_in((self._spans[index],), block_ids, sources)
+            return
         shape = (t.shape[1], layer.split, layer.kernel_tokens, t.shape[3])
         for bid, src in zip(block_ids, sources):
             part = src[layer.offset:layer.offset + lb].view(t.dtype).view(shape)
@@ -229,6 +259,35 @@ class BlockCodec:
             # with one kernel block the same bytes in order (a plain copy).
             part = part.view(1, *t.shape[1:]) if layer.split == 1 else part.permute(1, 0, 2, 3)
             self._block_slice(layer, bid).copy_(part)
+
+    def copy_block_in(self, block_id: int, source: torch.Tensor) -> None:
+        """Copy every layer of `source` (one whole block) into vLLM block
+        `block_id`: a block at a time, so that checking it right after reads
+        its source from the cache rather than from memory."""
+        if all(layer.flat for layer in self._layers):
+            self._memmove_in(self._spans, (block_id,), (source,))
+            return
+        for i in range(len(self._layers)):
+            self.copy_layer_in(i, (block_id,), (source,))
+
+    def _memmove_in(self, spans: Sequence[Tuple[int, int, int, int]], block_ids: Sequence[int],
+                    sources: Sequence[torch.Tensor]) -> None:
+        """The copy of flat layers: one memmove per block and layer. A torch
+        copy_ of each 64 KiB slice (with its views) cost 2-3x the CPU time
+        of this on a 25 MB load of a 6-layer model, and ctypes releases the
+        GIL, so two threads copy at once. Every address is checked first:
+        nothing is written outside the KV tensors."""
+        lb, bb = self.layout.layer_bytes, self.block_bytes
+        for bid, src in zip(block_ids, sources):
+            if not (src.device.type == "cpu" and src.dtype == torch.uint8 and src.dim() == 1
+                    and src.numel() == bb and src.is_contiguous()):
+                raise ValueError(f"a block source must be {bb} contiguous host bytes, got "
+                                 f"{src.dtype} {tuple(src.shape)} on {src.device}")
+            p = src.data_ptr()
+            for base, stride, n, off in spans:
+                if not 0 <= bid < n:
+                    raise IndexError(f"block {bid} is outside the KV cache's {n} blocks")
+                _memmove(base + bid * stride, p + off, lb)
 
     def block_checksum(self, block_id: int, algo: int) -> int:
         """The checksum with `algo` (a ChecksumAlgo value) of vLLM block

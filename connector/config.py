@@ -9,7 +9,7 @@
 |---|---|---|
 | kvkeeper_url | $KVKEEPER_URL | the daemon: unix:///path, unix:path, host:port |
 | kvkeeper_lookup_timeout_s | 1.0 | deadline of a scheduler lookup (Match); a slower daemon is a miss |
-| kvkeeper_lookup_wait_s | 0.005 | longest wait for lookup answers per scheduling step, all requests together; a request still unanswered is skipped and asked again next step (0: never wait) |
+| kvkeeper_lookup_wait_s | 0.005 | longest wait for lookup answers per scheduling step, all requests together; a request still unanswered is skipped and asked again next step (0: never wait). While no request runs (a skipped step would run nothing) a lookup is waited for up to 50 ms instead |
 | kvkeeper_io_timeout_s | 5.0 | deadline of each load / save RPC |
 | kvkeeper_max_retries | 1 | retries of an idempotent RPC on UNAVAILABLE |
 | kvkeeper_reconnect_min_s / _max_s | 0.1 / 0.5 | after a failure, the daemon is probed at this interval (doubling from min to max) until it answers; meanwhile lookups are misses and saves are dropped |

@@ -26,6 +26,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from .config import ConfigError, ConnectorConfig
 from .guard import (FailureLog, answer_empty_meta, answer_miss, answer_no_errors, answer_none,
                     answer_not_delayed, guarded)
+from .heap import freeze_heap
 from .layout import layout_from_config
 from .metadata import KVKeeperConnectorMetadata
 from .scheduler import SchedulerSide
@@ -138,6 +139,9 @@ class KVKeeperConnector(KVConnectorBase_V1):
     def register_kv_caches(self, kv_caches: Dict[str, "torch.Tensor"]) -> None:
         if self._worker is not None:
             self._worker.register_kv_caches(kv_caches, self._kv_cache_config.num_blocks)
+            # The worker's start-up is over: keep its heap out of later
+            # collections, which would otherwise land inside requests' loads.
+            freeze_heap()
 
     @guarded(_fail_loads)
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:

@@ -14,9 +14,10 @@ Timeline of one request (see the seed notes on UCM's, which this follows):
    kvkeeper.server.ledger.usage); a lookup whose answer vLLM never used
    reports nothing, as vLLM counts nothing for it either.
 2. get_num_new_matched_tokens: the answer is used if it is there, after
-   waiting at most kvkeeper_lookup_wait_s (in all, per scheduling step);
-   else the answer is "pending" (None): vLLM skips the request this step and
-   asks again on the next. A lookup not answered within
+   waiting at most kvkeeper_lookup_wait_s (in all, per scheduling step), or
+   IDLE_WAIT_S while no request is running (a skipped step would run
+   nothing); else the answer is "pending" (None): vLLM skips the request
+   this step and asks again on the next. A lookup not answered within
    kvkeeper_lookup_timeout_s, or failed, is a miss, counted. The hit reported
    is what the daemon holds beyond vLLM's own prefix-cache hit, and at most
    num_tokens - 1 tokens: when the block holding the last token is held too
@@ -54,7 +55,7 @@ import logging
 import time
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from .config import ConnectorConfig
 from .keys import KeyChain, hit_tokens, matchable_blocks, namespace_seed
@@ -67,7 +68,12 @@ from .save_plan import plan_saves
 from .sched_state import RequestState, request_seed_inputs
 from .stats import Counters, KVKeeperStats
 
-__all__ = ["SchedulerSide"]
+__all__ = ["IDLE_WAIT_S", "SchedulerSide"]
+
+# The longest get_num_new_matched_tokens waits for a lookup when no request
+# is running (no answer given yet to any request vLLM holds): a step skipped
+# then runs nothing.
+IDLE_WAIT_S = 0.05
 
 log = logging.getLogger("kvkeeper.connector")
 
@@ -98,6 +104,10 @@ class SchedulerSide:
         # wait(futures, timeout): returns when all are done or timeout seconds passed
         self._wait = wait or wait_all
         self._wait_left = cfg.lookup_wait_s   # of this scheduling step
+        # Requests whose lookup vLLM has had an answer to (running, or about
+        # to be): while there is none, a step that skips a pending request
+        # runs nothing at all (see _wait_for).
+        self._answered: Set[str] = set()
 
     # ---- per-request state
 
@@ -165,7 +175,18 @@ class SchedulerSide:
         self.releasers[rank].release(getattr(fut.result()[0], "lease_id", None))
 
     def _wait_for(self, lk: Lookup) -> None:
-        budget = min(self._wait_left, lk.deadline - self._clock())
+        left = lk.deadline - self._clock()
+        if self._answered or self.cfg.lookup_wait_s <= 0:
+            budget = min(self._wait_left, left)
+        else:
+            # Nothing runs this step unless this answer comes: skipping the
+            # request would only give an empty step (a round trip to the
+            # workers) and a wait of lookup_wait_s on the next, each time
+            # (issue 12: 31 of 49 lookups of a loaded machine's bench were
+            # "pending", each an extra step of 5-6 ms, up to 23 in a row).
+            # Wait for the answer, up to IDLE_WAIT_S: requests that arrive
+            # meanwhile are taken at most that much later.
+            budget = min(max(self._wait_left, IDLE_WAIT_S), left)
         if budget < 1e-6:
             return
         t = self._clock()
@@ -224,6 +245,7 @@ class SchedulerSide:
             self._drop_lease(st)
             st.saved_blocks = None
             if not self._may_load(st) or not self._start_lookup(st):
+                self._answered.add(request.request_id)
                 return 0, False
             lk = st.lookup
             assert lk is not None
@@ -236,8 +258,10 @@ class SchedulerSide:
                 self.counters.inc("lookup_errors")
                 log.debug("kvkeeper: lookup of %s not answered within %.3f s; a miss",
                           request.request_id, self.cfg.lookup_timeout_s)
+                self._answered.add(request.request_id)
                 return 0, False
         st.lookup = None
+        self._answered.add(request.request_id)
         return self._answer(st, lk, num_computed_tokens)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
@@ -348,6 +372,7 @@ class SchedulerSide:
     def request_finished(self, request: Any) -> Optional[Dict[str, Any]]:
         """Release what the request still holds; the report for kv_transfer_params."""
         st = self._reqs.pop(request.request_id, None)
+        self._answered.discard(request.request_id)
         if st is None:
             return None
         self._forget_lookup(st)

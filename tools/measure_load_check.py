@@ -10,7 +10,10 @@ of four hits (rotated, so no kind reads cache-hot bytes another just wrote).
 Kinds alternate order every repetition; medians are printed. What
 copy_in.py's choice rests on: the check of the source right after the copy
 (BlockLoader.block_ok with the source) against reading the copy back out of
-the KV cache piece by piece (block_ok without one), for CRC32 and XXH3-64.
+the KV cache piece by piece (block_ok without one), for CRC32 and XXH3-64;
+the copy as copy_layer_in does it (one memmove per block and layer) against
+a torch copy_ per block slice (what it did before); and copy_check_in, each
+block copied then hashed while its source is in the cache.
 Not a test: the figures depend on the machine and its load.
 """
 from __future__ import annotations
@@ -26,6 +29,8 @@ from kvkeeper.client.checksum import checksum
 from kvkeeper.connector.blocks import BlockCodec
 from kvkeeper.connector.layout import KVLayout
 from kvkeeper.connector.load.copy_in import BlockLoader
+from kvkeeper.connector.load.step import FetchedLoad
+from kvkeeper.connector.metadata import LoadSpec
 from kvkeeper.connector.stats import Counters
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
@@ -47,13 +52,31 @@ def main() -> None:
         0, 256, (4 * HIT_BLOCKS, bb), dtype=np.uint8))
     ids = list(range(100, 100 + HIT_BLOCKS))
 
+    def torch_copy(layer: int, sources: list) -> None:
+        # copy_layer_in before its memmove path: a torch copy_ per block slice
+        t = kv[lay.layer_names[layer]]
+        lb = lay.layer_bytes
+        for bid, s in zip(ids, sources):
+            t[bid:bid + 1].copy_(s[layer * lb:(layer + 1) * lb].view(t.dtype).view(1, *t.shape[1:]))
+
     def run(kind: str, algo: int, first: int) -> float:
         sources = [src[first + i] for i in range(HIT_BLOCKS)]
         sums = [(algo, checksum(algo, s.numpy())) if algo else (0, 0) for s in sources]
+        if kind == "block at a time":
+            f = FetchedLoad(LoadSpec(req_id="r", keys=((),), block_ids=tuple(ids), load_id=1),
+                            None, HIT_BLOCKS, sources, sums)
+            t0 = time.perf_counter()
+            bad = loader.copy_check_in(f, 0, HIT_BLOCKS)
+            t = time.perf_counter() - t0
+            assert not bad
+            return t
         t0 = time.perf_counter()
         for layer in range(codec.num_layers):
-            codec.copy_layer_in(layer, ids, sources)
-        if kind == "source":
+            if kind.startswith("torch"):
+                torch_copy(layer, sources)
+            else:
+                codec.copy_layer_in(layer, ids, sources)
+        if kind.endswith("source"):
             ok = [loader.block_ok(b, s, x) for b, s, x in zip(ids, sums, sources)]
         elif kind == "kv cache":
             ok = [loader.block_ok(b, s) for b, s in zip(ids, sums)]
@@ -63,8 +86,10 @@ def main() -> None:
         assert all(ok)
         return t
 
-    kinds = [("copy only", 0), ("kv cache", pb.CHECKSUM_CRC32), ("source", pb.CHECKSUM_CRC32),
-             ("kv cache", pb.CHECKSUM_XXH3_64), ("source", pb.CHECKSUM_XXH3_64)]
+    kinds = [("copy only", 0), ("torch copy only", 0), ("kv cache", pb.CHECKSUM_CRC32),
+             ("source", pb.CHECKSUM_CRC32), ("kv cache", pb.CHECKSUM_XXH3_64),
+             ("source", pb.CHECKSUM_XXH3_64), ("torch copy_, source", pb.CHECKSUM_XXH3_64),
+             ("block at a time", pb.CHECKSUM_XXH3_64)]
     times: dict = {k: [] for k in kinds}
     for r in range(reps + 1):   # r 0: warm-up
         order = kinds if r % 2 else kinds[::-1]
@@ -75,8 +100,11 @@ def main() -> None:
     total = HIT_BLOCKS * bb
     print(f"{HIT_BLOCKS} blocks of {bb} B = {total / 1e6:.1f} MB; medians of {reps}")
     for (kind, algo), ts in times.items():
-        what = kind if not algo else f"copy + {pb.ChecksumAlgo.Name(algo)} of the {kind}"
-        print(f"  {what:<40} {median(ts) * 1e3:6.1f} ms  {total / median(ts) / 1e9:5.2f} GB/s")
+        name = pb.ChecksumAlgo.Name(algo) if algo else ""
+        what = (kind if not algo else f"copy_check_in, {name} (block at a time)"
+                if kind == "block at a time" else f"{kind.split(',')[0]} + {name} of the source"
+                if kind.startswith("torch") else f"copy + {name} of the {kind}")
+        print(f"  {what:<48} {median(ts) * 1e3:6.1f} ms  {total / median(ts) / 1e9:5.2f} GB/s")
 
 
 if __name__ == "__main__":

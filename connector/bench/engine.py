@@ -121,6 +121,24 @@ def metrics(llm: Any) -> Dict[str, float]:
     return out
 
 
+def stages(m: Any, sent: float, ttft: float) -> Dict[str, float]:
+    """Where a request's TTFT went, from vLLM's own per-request timestamps
+    (the engine core's, on the same monotonic clock as `sent`, the front
+    end's time.monotonic() just before llm.generate):
+      submit    front end -> the engine core queued it
+      queue     queued -> first scheduled (a connector's pending lookup: steps
+                that skip it)
+      step      scheduled -> first token (the step: loads, forward, sampling)
+      out       the rest of the TTFT (the output back to the front end)
+    Empty when vLLM gave no timestamps."""
+    q, s, f = (float(getattr(m, k, 0.0) or 0.0) for k in ("queued_ts", "scheduled_ts",
+                                                          "first_token_ts"))
+    if not (q and s and f) or not (sent <= q <= s <= f):
+        return {}
+    return {"submit": q - sent, "queue": s - q, "step": f - s,
+            "out": ttft - (f - sent)}
+
+
 def generate(llm: Any, timings: Timings, cmd: Dict[str, Any]) -> List[Dict[str, Any]]:
     from vllm import SamplingParams
 
@@ -137,6 +155,7 @@ def generate(llm: Any, timings: Timings, cmd: Dict[str, Any]) -> List[Dict[str, 
             # ms in an engine process, which the tests' live traffic must not wait for.
             gc.collect()
         t = time.perf_counter()
+        sent = time.monotonic()
         outs = llm.generate([{"prompt_token_ids": p} for p in group], sp, use_tqdm=False)
         wall = time.perf_counter() - t
         during = timings.take()
@@ -146,7 +165,7 @@ def generate(llm: Any, timings: Timings, cmd: Dict[str, Any]) -> List[Dict[str, 
             results.append({"tokens": list(o.outputs[0].token_ids), "ttft": float(ttft),
                             "wall": wall, "cached": int(getattr(o, "num_cached_tokens", 0) or 0),
                             "params": o.kv_transfer_params, "timings": during,
-                            "before": before})
+                            "before": before, "stages": stages(m, sent, float(ttft))})
     return results
 
 

@@ -46,7 +46,10 @@ def connector_cost(rounds: List[Dict[str, Any]], key: str) -> List[float]:
 
 
 def breakdown(rounds: List[Dict[str, Any]], key: str) -> Dict[str, float]:
-    """Median seconds per phase of one request, from the engine's timing lines."""
+    """Median seconds per phase of one request, from the engine's timing lines
+    (and vLLM's per-request timestamps: stage.submit, .queue, .step, .out;
+    lookup_calls: the scheduler's lookups of the request, more than one
+    when an answer was pending and the request waited a step)."""
     cols: Dict[str, List[float]] = {}
     for r in rounds:
         res = r[key]
@@ -66,6 +69,13 @@ def breakdown(rounds: List[Dict[str, Any]], key: str) -> Dict[str, float]:
                 ph["save"] = ph.get("save", 0.0) + t["save"]
         known = sum(v for k, v in ph.items() if k in ("lookup", "load", "forward", "save"))
         ph["other"] = ph["ttft"] - known
+        # vLLM's own timestamps of the request (engine.stages): the same cut
+        # for every engine, connector or not.
+        for k, v in (res.get("stages") or {}).items():
+            ph[f"stage.{k}"] = v
+        lookups = [t for t in res.get("timings") or () if t.get("event") == "lookup"]
+        if lookups:
+            ph["lookup_calls"] = float(len(lookups))
         for k, v in ph.items():
             cols.setdefault(k, []).append(v)
     return {k: round(median(v), 6) for k, v in cols.items()}

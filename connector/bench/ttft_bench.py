@@ -57,13 +57,16 @@ untimed warm-ups. Per repetition, with a prompt of N tokens:
 Both recompute requests of a repetition are fresh prompts of the same length
 on the same engine, so every recompute baseline is the median of both.
 
-Every hit is verified, or the benchmark fails: kvk-b's per-request report
+Every hit is verified (ttft_checks.py): kvk-b's per-request report
 (kv_transfer_params["kvkeeper"]["hit_tokens"]), its worker's loaded blocks
 and its counters (loaded blocks, no load or checksum errors) must show the
-whole hit loaded; example's second request and prefix's hits must report
-the hit as cached tokens; recompute, kvk-a and the first requests of example
-and prefix must report none. The greedy tokens of each hit are compared
-with recompute's on the same prompt and reported (ttft_results.py).
+whole hit loaded, and its greedy tokens must equal recompute's on the same
+prompt; example's second request and prefix's hits must report the hit as
+cached tokens; recompute, kvk-a and the first requests of example and
+prefix must report none. A failed check in a warm-up stops the benchmark;
+in a timed repetition it fails every target of the case (and the case's
+verification.failed_checks result). vLLM's own hits' greedy tokens are
+compared with recompute's and reported (ttft_results.py).
 
 Results and what their params carry: ttft_results.py. The full matrix takes
 about 25 minutes on a 2-core CPU (--quick: about 1 minute).
@@ -82,7 +85,8 @@ from .phases import cpu_seconds
 from .rig import Rig, engine_args, scratch_dir
 from .ttft_matrix import Case, Hits, ModelRun, Scale, matrix
 from .ttft_results import results
-from .verify import expect_hits, expect_load_counters, expect_loaded_blocks, kvk_hit
+from .ttft_checks import Checks, check_round, fail_results
+from .verify import VerificationError, load_counters_problem
 
 # Prompts the daemon must hold at once: a round saves three (kvk-a's two,
 # kvk-b's partial); the arena holds a few rounds' worth and evicts the rest.
@@ -158,33 +162,21 @@ class Bench:
         p_src = one("prefix", src)
         p_floor = one("prefix", served + p_served["tokens"][:1])
         p_partial = one("prefix", partial)
-        # Verify, also in warm-ups (a broken set-up fails before the long part).
-        expect_hits("kvkeeper full hit (kvk-b)", [kvk_hit(b_full)], hits.full)
-        expect_hits("kvkeeper partial hit (kvk-b)", [kvk_hit(b_partial)], hits.partial)
-        expect_hits("kvk-a (fresh prompts, must miss)", [kvk_hit(a_full), kvk_hit(a_src)], 0)
-        expect_hits("recompute (no connector, no prefix cache)",
-                    [r_full["cached"], r_partial["cached"]], 0)
-        expect_hits("ExampleConnector first request (saves)", [x_save["cached"]], 0)
-        expect_hits("ExampleConnector full hit (num_cached_tokens)", [x_full["cached"]],
-                    hits.example_full)
-        expect_hits("vLLM prefix cache, first requests (fresh prompts)",
-                    [p_served["cached"], p_src["cached"]], 0)
-        expect_hits("the floor: vLLM prefix-cache hit of the served prompt (num_cached_tokens)",
-                    [p_floor["cached"]], hits.floor)
-        expect_hits("vLLM prefix-cache hit of the shared part (num_cached_tokens)",
-                    [p_partial["cached"]], hits.partial)
-        expect_loaded_blocks("kvk-b", b_full, hits.full, hits.full_blocks)
-        expect_loaded_blocks("kvk-b", b_partial, hits.partial, hits.partial // BLOCK_TOKENS)
         return {"recompute_full": r_full, "recompute_partial": r_partial, "kvk_full": b_full,
                 "kvk_partial": b_partial, "kvk_miss": a_full, "kvk_save_src": a_src,
                 "example_full": x_full, "example_save": x_save, "prefix_floor": p_floor,
-                "prefix_partial": p_partial}
+                "prefix_partial": p_partial, "prefix_served": p_served, "prefix_src": p_src}
 
     def run_case(self, case: Case) -> List[Result]:
         hits = Hits.of(case)
         for i in range(self.s.warmups):
-            self.round(case, hits)
+            # Verified too: a broken set-up fails before the long part.
+            problems = check_round(self.round(case, hits), hits).problems
+            if problems:
+                raise VerificationError(f"ttft {case.name}, warm-up {i + 1}: "
+                                        + "; ".join(problems))
             self.log(f"ttft {case.name}: warm-up {i + 1}/{self.s.warmups} done")
+        checks = Checks()
         groups = [e.proc.pid for e in self.rig.engines.values()]   # each its own session
         kvk_b = self.rig.engines["kvk-b"]
         before = kvk_b.metrics()
@@ -193,6 +185,10 @@ class Bench:
         for i in range(self.s.reps):
             rounds.append(self.round(case, hits))
             r = rounds[-1]
+            got = check_round(r, hits)
+            checks.extend(got)
+            for problem in got.problems:
+                self.log(f"ttft {case.name}: repetition {i + 1}: VERIFICATION FAILED: {problem}")
             self.log(f"ttft {case.name}: repetition {i + 1}/{self.s.reps}: recompute "
                      f"{r['recompute_full']['ttft']:.3f}s, floor "
                      f"{r['prefix_floor']['ttft'] * 1e3:.1f}ms, kvkeeper hit "
@@ -202,9 +198,10 @@ class Bench:
                      f"{r['prefix_partial']['ttft']:.3f}s")
         cpu1, wall = cpu_seconds(groups, self.rig.pids()), time.monotonic() - t0
         after = kvk_b.metrics()
-        expect_load_counters("kvk-b", before, after, self.s.reps * (
-            hits.full_blocks + hits.partial // BLOCK_TOKENS))
-        return results(rounds, case, self.s, hits, machine_load(cpu0, cpu1, wall))
+        checks.add(load_counters_problem("kvk-b", before, after, self.s.reps * (
+            hits.full_blocks + hits.partial // BLOCK_TOKENS)))
+        return fail_results(results(rounds, case, self.s, hits, machine_load(cpu0, cpu1, wall)),
+                            checks, case.name)
 
     def run(self) -> List[Result]:
         self.start()

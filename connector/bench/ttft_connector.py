@@ -60,6 +60,7 @@ class _Recorder:
         if not self.path:
             return
         rec["pid"] = os.getpid()
+        rec.setdefault("at", time.monotonic())   # one clock for every process (Linux)
         line = json.dumps(rec) + "\n"
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -77,7 +78,8 @@ class _TimedLookup:
         t = time.perf_counter()
         out = super().get_num_new_matched_tokens(request, num_computed_tokens)  # type: ignore[misc]
         self._rec.write({"event": "lookup", "dur": time.perf_counter() - t,
-                         "tokens": (out or (0,))[0] or 0})
+                         "tokens": (out or (0,))[0] or 0,
+                         "pending": bool(out) and out[0] is None})
         return out
 
 
@@ -88,6 +90,7 @@ class TimedKVKeeperConnector(_TimedLookup, KVKeeperConnector):
         self._load_s = 0.0        # start_load_kv
         self._layer_wait_s = 0.0  # wait_for_layer_load (inside the forward)
         self._loads = 0           # blocks this step loads
+        self._load_at = 0.0       # monotonic time start_load_kv began
         super().__init__(*args, **kwargs)
 
     def register_kv_caches(self, kv_caches: Any) -> None:
@@ -117,6 +120,7 @@ class TimedKVKeeperConnector(_TimedLookup, KVKeeperConnector):
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         t = time.perf_counter()
+        self._load_at = time.monotonic()
         try:
             super().start_load_kv(forward_context, **kwargs)
         finally:
@@ -152,7 +156,7 @@ class TimedKVKeeperConnector(_TimedLookup, KVKeeperConnector):
                 phases = w.load_timings.as_dict() if w is not None else {}
                 phases.pop("check_wait", None)
                 phases.pop("layer_wait", None)
-                self._rec.write({"event": "load", "blocks": self._loads,
+                self._rec.write({"event": "load", "blocks": self._loads, "start_at": self._load_at,
                                  "dur": self._load_s + self._layer_wait_s + check_wait,
                                  "layer_wait": self._layer_wait_s, "check_wait": check_wait,
                                  **phases})

@@ -1,7 +1,10 @@
 """Checks that every hit a benchmark measures really happened (or it fails).
 
-A figure of a hit that did not load is a figure of something else: each
-check raises VerificationError, and the benchmark stops with it.
+A figure of a hit that did not load is a figure of something else. Each
+check is a function that says what is wrong (None: nothing); expect_*
+raise VerificationError with it, and the benchmark stops (stream-hit, and
+the ttft matrix's warm-ups), while the ttft matrix's timed repetitions
+collect the problems and fail the case's results with them (ttft_checks.py).
 """
 from __future__ import annotations
 
@@ -24,35 +27,69 @@ def kvk_hit(res: Dict[str, Any]) -> int:
     return int(rep["hit_tokens"])
 
 
-def expect_hits(what: str, got: Sequence[int], want: int) -> None:
+def hits_problem(what: str, got: Sequence[int], want: int) -> Optional[str]:
+    """What is wrong unless every request of `got` reported `want` hit tokens."""
     bad = [g for g in got if g != want]
-    if bad:
-        raise VerificationError(f"{what}: expected {want} hit tokens in every request, got "
-                                f"{list(got)}; the figures would not measure a hit")
+    if not bad:
+        return None
+    return (f"{what}: expected {want} hit tokens in every request, got {list(got)}; the "
+            f"figures would not measure a hit")
+
+
+def loaded_blocks_problem(who: str, res: Dict[str, Any], hit_tokens: int,
+                          want_blocks: int) -> Optional[str]:
+    """What is wrong unless the worker's timing lines of request `res` show
+    `want_blocks` loaded."""
+    loads = [t for t in res.get("timings") or () if t.get("event") == "load"]
+    blocks = sum(t["blocks"] for t in loads)
+    if blocks == want_blocks:
+        return None
+    return (f"{who}'s worker loaded {blocks} blocks for a hit of {hit_tokens} tokens "
+            f"({len(loads)} load lines); expected {want_blocks}")
+
+
+def tokens_problem(what: str, got: Sequence[int], want: Sequence[int]) -> Optional[str]:
+    """What is wrong unless a hit's greedy tokens are the ones recompute gave
+    for the same prompt (KV that loaded wrong shows here)."""
+    if list(got) == list(want):
+        return None
+    return f"{what}: greedy tokens {list(got)} differ from recompute's {list(want)}"
+
+
+def load_counters_problem(who: str, before: Dict[str, float], after: Dict[str, float],
+                          want_blocks: int) -> Optional[str]:
+    """What is wrong unless an engine's counters grew by `want_blocks` loaded
+    blocks and no error."""
+    def delta(name: str) -> float:
+        return after.get(f"vllm:kvkeeper_{name}", 0) - before.get(f"vllm:kvkeeper_{name}", 0)
+
+    if delta("loaded_blocks") == want_blocks and not delta("load_error_blocks") \
+            and not delta("checksum_errors"):
+        return None
+    return (f"{who}'s counters: loaded_blocks +{delta('loaded_blocks'):.0f} (expected "
+            f"+{want_blocks}), load_error_blocks +{delta('load_error_blocks'):.0f}, "
+            f"checksum_errors +{delta('checksum_errors'):.0f}")
+
+
+def _raise(problem: Optional[str]) -> None:
+    if problem is not None:
+        raise VerificationError(problem)
+
+
+def expect_hits(what: str, got: Sequence[int], want: int) -> None:
+    _raise(hits_problem(what, got, want))
 
 
 def expect_loaded_blocks(who: str, res: Dict[str, Any], hit_tokens: int,
                          want_blocks: int) -> None:
     """The worker's timing lines of request `res` show `want_blocks` loaded."""
-    loads = [t for t in res["timings"] if t.get("event") == "load"]
-    blocks = sum(t["blocks"] for t in loads)
-    if blocks != want_blocks:
-        raise VerificationError(f"{who}'s worker loaded {blocks} blocks for a hit of "
-                                f"{hit_tokens} tokens ({loads}); expected {want_blocks}")
+    _raise(loaded_blocks_problem(who, res, hit_tokens, want_blocks))
 
 
 def expect_load_counters(who: str, before: Dict[str, float], after: Dict[str, float],
                          want_blocks: int) -> None:
     """An engine's counters grew by `want_blocks` loaded blocks and no error."""
-    def delta(name: str) -> float:
-        return after.get(f"vllm:kvkeeper_{name}", 0) - before.get(f"vllm:kvkeeper_{name}", 0)
-
-    if delta("loaded_blocks") != want_blocks or delta("load_error_blocks") \
-            or delta("checksum_errors"):
-        raise VerificationError(
-            f"{who}'s counters: loaded_blocks +{delta('loaded_blocks'):.0f} (expected "
-            f"+{want_blocks}), load_error_blocks +{delta('load_error_blocks'):.0f}, "
-            f"checksum_errors +{delta('checksum_errors'):.0f}")
+    _raise(load_counters_problem(who, before, after, want_blocks))
 
 
 class SavedProbe:

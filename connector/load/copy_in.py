@@ -78,6 +78,18 @@ class BlockLoader:
         for i in range(self.codec.num_layers):
             self.codec.copy_layer_in(i, f.spec.block_ids[lo:hi], f.sources[lo:hi])
 
+    def copy_check_in(self, f: FetchedLoad, lo: int, hi: int) -> List[int]:
+        """Copy blocks lo..hi-1 of f in and check them, a block at a time (its
+        source is still in the cache when it is hashed: one pass over memory
+        instead of two); the ones that fail their checksum."""
+        assert f.sources is not None
+        codec, ids, sources = self.codec, f.spec.block_ids, f.sources
+        for i in range(lo, hi):
+            codec.copy_block_in(ids[i], sources[i])
+            if i not in f.checked:
+                f.checked[i] = self.fetched_ok(f, i)
+        return [i for i in range(lo, hi) if not f.checked[i]]
+
     def bad_in(self, f: FetchedLoad, lo: int, hi: int) -> List[int]:
         """Blocks lo..hi-1 of f, copied in, that fail their checksum."""
         return [i for i in range(lo, hi)
@@ -108,8 +120,12 @@ class BlockLoader:
                 self._releaser.release(f.lease_id, discard_indices=f.bad)
 
     def copy_and_check(self, step: StepLoads) -> None:
-        """Copy every fetched block in, layer by layer (setting each layer's
-        event as it is in), then check them and release the leases."""
+        """Copy every fetched block in and check it, then release the leases:
+        layer by layer when a layer's attention waits for it (setting each
+        layer's event as it is in), else a block at a time (copy_check_in)."""
+        if not step.layer_done:
+            self._blockwise(step)
+            return
         codec = self.codec
         t0 = time.perf_counter()
         try:
@@ -140,3 +156,16 @@ class BlockLoader:
                     f.good = 0
         self.release(step)
         step.timings.check = time.perf_counter() - t1
+
+    def _blockwise(self, step: StepLoads) -> None:
+        t0 = time.perf_counter()
+        for f in step.fetched:
+            try:
+                bad = self.copy_check_in(f, 0, f.copy_n) if f.sources and f.copy_n else []
+                self.set_bad(f, bad + self.bad_in(f, f.copy_n, f.n))
+            except Exception as e:  # noqa: BLE001 - a failed copy: recompute all of it
+                log.warning("kvkeeper: copying loaded blocks of %s into the KV cache failed: "
+                            "%s", f.spec.req_id, e, exc_info=True)
+                step.abandoned = True
+        self.release(step)
+        step.timings.copy = step.timings.check = time.perf_counter() - t0

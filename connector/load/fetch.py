@@ -16,7 +16,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 from kvkeeper.client import KVKeeperClientError
 
-from ..blocks import block_source
+from ..blocks import block_sources
 from ..link import DaemonLink
 from ..metadata import LoadSpec
 from ..releaser import Releaser
@@ -114,7 +114,7 @@ class Fetcher:
         already copied and checked if the forward writes into it."""
         loader = self._loader
         m = len(refs)
-        sources = [block_source(v, loader.codec.block_bytes) for v in views]
+        sources = block_sources(views, loader.codec.block_bytes)
         sums = [(b.checksum_algo, b.checksum) for b in refs]
         f = FetchedLoad(spec, lease_id, m, sources, sums)
         if spec.recomputes_last and m == spec.num_blocks():
@@ -122,8 +122,7 @@ class Fetcher:
             # its recomputed KV may differ from the stored one in the last
             # bits: copy and check the block before the forward, not beside it.
             last = m - 1
-            loader.copy_in(f, last, m)
-            f.checked[last] = loader.fetched_ok(f, last)
+            loader.copy_check_in(f, last, m)
             f.copy_n = last
         return f
 

@@ -1,7 +1,8 @@
 """HalvesLoad: before the forward, with the I/O thread (on the one spare
 core) copying and checking the second half of every load while vLLM's
-thread does the first: copies and CRC32 run without the GIL, so the two
-overlap. Small steps are copied inline: below min_blocks, handing half to
+thread does the first, each a block at a time (copied, then hashed while
+its source is in the cache): copies (memmove) and checksums run without
+the GIL, so the two overlap. Small steps are copied inline: below min_blocks, handing half to
 the I/O thread costs more than it saves."""
 from __future__ import annotations
 
@@ -40,8 +41,9 @@ class HalvesLoad(InlineLoad):
             out = []
             for f, lo, hi in parts:
                 if lo < hi and f.sources:
-                    loader.copy_in(f, lo, hi)
-                out.append(loader.bad_in(f, lo, hi))
+                    out.append(loader.copy_check_in(f, lo, hi))
+                else:
+                    out.append(loader.bad_in(f, lo, hi))
             return out
 
         bad: Optional[List[List[int]]] = None

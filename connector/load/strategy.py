@@ -4,8 +4,8 @@ Where that work runs is chosen once, when the KV cache is registered, from
 kvkeeper_load_overlap and the spare cores vLLM's CPU backend leaves to the
 rest of the engine (cpus.py; choice.py picks):
 
-  beside (beside.py)  two or more spare cores: fetched and copied on the I/O
-                      thread there, layer by layer beside the forward;
+  beside (beside.py)  two or more spare cores: copied on the I/O thread
+                      there, layer by layer beside the forward;
                       wait_for_layer_load(l) waits only for layer l, so
                       attention on the first layers runs while later ones are
                       copied, and the checksums are checked while the forward

@@ -191,3 +191,52 @@ def test_rows_are_checked() -> None:
         codec.gather([0, 1], codec.new_rows(1))
     with pytest.raises(ValueError):
         codec.scatter([0], torch.zeros((1, 10), dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("split", [1, 2])
+@pytest.mark.parametrize("permute", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_direct_copies_in_write_what_scatter_writes(split: int, permute: bool, dtype) -> None:
+    """copy_layer_in and copy_block_in (memmove where a block's layer is one
+    span of host memory: split 1, not permuted) put the block bytes where
+    scatter does, and nothing anywhere else."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    lay = KVLayout(layer_names=("l0", "l1", "l2"), num_heads=2, block_tokens=32,
+                   content_bytes=64 * elem, dtype=str(dtype).replace("torch.", ""),
+                   physical="LBHNC", spec_kind="FullAttentionSpec")
+    src = BlockCodec(lay, kv_tensors(lay, 6, split=split, permute=permute, dtype=dtype, seed=1), 6)
+    rows = src.new_rows(3)
+    src.gather([4, 0, 5], rows)
+    sources = [rows[i] for i in range(3)]   # each a whole block's bytes
+    want = kv_tensors(lay, 6, split=split, permute=permute, dtype=dtype, seed=2)
+    BlockCodec(lay, want, 6).scatter([1, 5, 2], rows)
+    by_layer = kv_tensors(lay, 6, split=split, permute=permute, dtype=dtype, seed=2)
+    codec = BlockCodec(lay, by_layer, 6)
+    for i in range(codec.num_layers):
+        codec.copy_layer_in(i, [1, 5, 2], sources)
+    by_block = kv_tensors(lay, 6, split=split, permute=permute, dtype=dtype, seed=2)
+    codec = BlockCodec(lay, by_block, 6)
+    for bid, s in zip([1, 5, 2], sources):
+        codec.copy_block_in(bid, s)
+    for name in lay.layer_names:
+        assert torch.equal(by_layer[name], want[name]) and torch.equal(by_block[name], want[name])
+
+
+def test_direct_copies_refuse_what_would_write_outside_the_kv_cache() -> None:
+    kv = kv_tensors(LAYOUT, 4)
+    before = {k: v.clone() for k, v in kv.items()}
+    codec = BlockCodec(LAYOUT, kv, 4)
+    block = torch.zeros(codec.block_bytes, dtype=torch.uint8)
+    for bad in (4, -1, 100):
+        with pytest.raises(IndexError, match="outside"):
+            codec.copy_block_in(bad, block)
+        with pytest.raises(IndexError, match="outside"):
+            codec.copy_layer_in(1, [bad], [block])
+    with pytest.raises(ValueError, match="contiguous host bytes"):
+        codec.copy_block_in(0, block[:-1])             # short
+    with pytest.raises(ValueError, match="contiguous host bytes"):
+        codec.copy_block_in(0, torch.zeros(codec.block_bytes // 4))   # not bytes
+    with pytest.raises(ValueError, match="contiguous host bytes"):
+        codec.copy_layer_in(0, [0], [torch.zeros(2 * codec.block_bytes, dtype=torch.uint8)[::2]])
+    for k in kv:
+        assert torch.equal(kv[k], before[k])

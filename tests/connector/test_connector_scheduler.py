@@ -26,7 +26,7 @@ from kvkeeper.connector.keys import chain_keys, namespace_seed  # noqa: E402
 from kvkeeper.connector.layout import KVLayout  # noqa: E402
 from kvkeeper.connector.link import LinkDown  # noqa: E402
 from kvkeeper.connector.metadata import KVKeeperWorkerMetadata  # noqa: E402
-from kvkeeper.connector.scheduler import SchedulerSide  # noqa: E402
+from kvkeeper.connector.scheduler import IDLE_WAIT_S, SchedulerSide  # noqa: E402
 
 BS = 32
 
@@ -514,13 +514,49 @@ def test_lookup_that_lands_while_waiting_answers_in_the_same_step() -> None:
     r = Req("a", TOKENS)
     side._wait.during = link.land
     assert side.get_num_new_matched_tokens(r, 0) == (127, False)   # no on_new_request: asked here
-    assert side._wait.timeouts == [0.005]
+    # nothing else was running: it waited up to IDLE_WAIT_S, not the step's 5 ms
+    assert side._wait.timeouts == [IDLE_WAIT_S]
+
+
+def running(side) -> None:
+    """A request vLLM has had its answer for (too short to look up): the
+    scheduler is no longer idle."""
+    side.on_new_request(Req("running", TOKENS[:2]))
+    assert side.get_num_new_matched_tokens(Req("running", TOKENS[:2]), 0) == (0, False)
+
+
+def test_an_idle_scheduler_waits_longer_for_a_lookup_than_a_busy_one() -> None:
+    side, (d,), (link,) = make()
+    hold(link)
+    store(d, 0, TOKENS, 4)
+    r = Req("a", TOKENS)
+    side.on_new_request(r)
+    # idle, never answered in time: one wait of IDLE_WAIT_S, then pending
+    assert side.get_num_new_matched_tokens(r, 0) == (None, False)
+    assert side._wait.timeouts == [IDLE_WAIT_S]
+    link.land()
+    assert side.get_num_new_matched_tokens(r, 0) == (127, False)
+    # now a request runs (r was answered): a pending one waits the step's 5 ms only
+    r2 = Req("b", TOKENS)
+    side.build_connector_meta(output(), lambda rid: None)
+    side.on_new_request(r2)
+    assert side.get_num_new_matched_tokens(r2, 0) == (None, False)
+    assert side._wait.timeouts == [IDLE_WAIT_S, 0.005]
+    # once both finished the scheduler is idle again
+    side.request_finished(r)
+    side.request_finished(r2)
+    r3 = Req("c", TOKENS)
+    side.build_connector_meta(output(), lambda rid: None)
+    side.on_new_request(r3)
+    assert side.get_num_new_matched_tokens(r3, 0) == (None, False)
+    assert side._wait.timeouts[-1] == IDLE_WAIT_S
 
 
 def test_wait_budget_is_shared_by_a_step_and_zero_never_waits() -> None:
     side, _, (link,) = make()
     hold(link)
     waiter = side._wait
+    running(side)
     r1, r2, r3 = Req("a", TOKENS), Req("b", TOKENS), Req("c", TOKENS)
     for r in (r1, r2, r3):
         side.on_new_request(r)
