@@ -87,7 +87,6 @@ class Session:
         self.max_keys = 0
         self.max_message_bytes = 0
         self.closed = False
-        self.watched = False   # the daemon holds this session's watch now (watch.py)
         self._instance_id = instance_id
         self._on_arena = on_arena
         self._register_lock = asyncio.Lock()

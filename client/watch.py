@@ -47,8 +47,7 @@ async def hold_watch(session: Any) -> None:
                                              metadata=session.metadata)
             async for event in call:
                 if event.ended == pb.SESSION_END_UNSPECIFIED:
-                    session.watched = True
-                    delay = RETRY_MIN_S
+                    delay = RETRY_MIN_S     # held: the daemon answers again
                 else:
                     lost = True     # closed or expired: this id is done
         except grpc.RpcError as e:
@@ -58,8 +57,8 @@ async def hold_watch(session: Any) -> None:
                 return
             lost = is_session_lost(e)
             log.debug("kvkeeper: watch of session %s ended: %s", sid, e.code())
-        finally:
-            session.watched = False
+        except Exception as e:  # noqa: BLE001 - e.g. the channel closing: try again unless closed
+            log.debug("kvkeeper: watch of session %s failed: %s", sid, e)
         if session.closed:
             return
         if lost:
