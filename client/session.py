@@ -1,7 +1,9 @@
 """One session with the daemon: registration, heartbeats, and the unary calls made in it.
 
 The session is kept alive by a heartbeat task (every lease TTL / 3) and
-registered again when the daemon restarted or the session expired. Unary
+registered again when the daemon restarted or the session expired. A watch
+task holds a WatchSession call open beside it (watch.py): when this process
+dies, the daemon sees that call end and frees the session's leases at once. Unary
 calls get the client's deadline, are retried on UNAVAILABLE when idempotent
 (retry.py), and, when they carry no id issued to the old session, are made
 once more in the new one. Calls that carry such an id (lease, reservation)
@@ -24,6 +26,7 @@ from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 
 from .errors import KVKeeperClientError, from_rpc_error, is_session_lost, protocol_error
 from .retry import call_with_retry
+from .watch import hold_watch
 from .wire import parse_match_response
 
 __all__ = ["Session", "Metadata", "NamespaceLike", "namespace_descriptor"]
@@ -88,6 +91,7 @@ class Session:
         self._on_arena = on_arena
         self._register_lock = asyncio.Lock()
         self._heartbeat_task: Optional[asyncio.Task] = None
+        self._watch_task: Optional[asyncio.Task] = None
 
     # ---- registration
 
@@ -140,9 +144,11 @@ class Session:
     # ---- heartbeats
 
     def start_heartbeats(self) -> None:
-        """Start the heartbeat task on the running loop (once registered)."""
+        """Start the heartbeat and watch tasks on the running loop (once registered)."""
         self._heartbeat_task = asyncio.create_task(self._heartbeat_loop(),
                                                    name=f"kvkeeper-heartbeat-{self.id}")
+        self._watch_task = asyncio.create_task(hold_watch(self),
+                                               name=f"kvkeeper-watch-{self.id}")
 
     async def _heartbeat_loop(self) -> None:
         """renew() every TTL/3. Never raises: failures are logged (the next
@@ -162,20 +168,20 @@ class Session:
         seconds: by default the deadline); the daemon releases its leases and
         reservations. Calls refuse from here on. The channel stays open."""
         self.closed = True
-        task, self._heartbeat_task = self._heartbeat_task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
-        if not self.id:
-            return
+        await _stop(self._heartbeat_task)
+        self._heartbeat_task = None
         try:
-            await self.stub.CloseSession(pb.CloseSessionRequest(session_id=self.id),
-                                         timeout=timeout or self.timeout, metadata=self.metadata)
+            if self.id:
+                await self.stub.CloseSession(pb.CloseSessionRequest(session_id=self.id),
+                                             timeout=timeout or self.timeout,
+                                             metadata=self.metadata)
         except Exception as e:  # the daemon expires the session by itself
             log.debug("CloseSession failed: %s", e)
+        finally:
+            # After CloseSession: a watch ended first would have the daemon end the
+            # session as disconnected (it frees the leases the same, but says so).
+            await _stop(self._watch_task)
+            self._watch_task = None
 
     # ---- calls
 
@@ -211,3 +217,14 @@ class Session:
                     rebind: bool) -> Any:
         """unary_sid's response alone."""
         return (await self.unary_sid(rpc, build, retry=retry, rebind=rebind))[0]
+
+
+async def _stop(task: Optional[asyncio.Task]) -> None:
+    """Cancel `task` and wait for it to end, whatever it raises."""
+    if task is None:
+        return
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, Exception):
+        pass

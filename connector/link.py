@@ -39,7 +39,9 @@ wraps kvkeeper.client.Client for that:
   process's main thread chains that close in front of the signals'
   handlers (vLLM installs its own before it builds the scheduler). In a
   draining shutdown (shutdown_timeout > 0) the requests still running then
-  recompute what they would have loaded.
+  recompute what they would have loaded. Where the kill comes first anyway,
+  the client's session watch (client/watch.py) ends with the process's
+  connection and the daemon frees the session's leases all the same.
 """
 from __future__ import annotations
 

@@ -271,6 +271,8 @@ class Daemon:
         sd_notify(f"STOPPING=1\nSTATUS=draining (grace {grace:g}s)")
         await self.health.enter_graceful_shutdown()
         self.servicer.serving = False
+        # Watches never end by themselves: they would hold the whole grace period.
+        self.servicer.watches.end_all()
         if self._reaper:
             self._reaper.cancel()
         if self._gc_ticker:

@@ -31,6 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from kvkeeper.client.url import parse_host_port
 
 from .ledger import EVICTION_REASONS
+from .ledger.sessions import END_REASONS
 from .ledger.views import tier_stats
 from .version import package_version
 
@@ -46,7 +47,10 @@ PREFIX = "kvkeeper_"
 RPC_METHODS: tuple[str, ...] = (
     "RegisterSession", "Heartbeat", "CloseSession", "Match", "Load", "LoadStream",
     "ReserveSave", "WriteBlocks", "CommitSave", "AbortSave", "Release", "Stats",
+    "WatchSession",
 )
+# Calls held open for a client's lifetime: their errors count, they have no duration.
+HELD_RPC_METHODS: tuple[str, ...] = ("WatchSession",)
 # The RPCs of service kvkeeper.v1.KVKeeperAdmin, in proto order.
 ADMIN_RPC_METHODS: tuple[str, ...] = (
     "ListNamespaces", "InspectBlock", "Evict", "Drain", "Verify",
@@ -128,6 +132,9 @@ class LedgerCollector:
             g(p + "reservations", "Open save reservations."),
             g(p + "namespaces", "Namespaces known to the ledger."),
             c(p + "sessions_expired", "Sessions dropped for a missed heartbeat."),
+            c(p + "sessions_ended", "Sessions ended, by reason: closed by their client, "
+              "expired (missed heartbeats), or disconnected (the call watching the session "
+              "ended: its client is gone).", labels=["reason"]),
             c(p + "reservations_timed_out", "Save reservations dropped uncommitted after their timeout."),
         ]
         return {f.name: f for f in fams}
@@ -155,6 +162,9 @@ class LedgerCollector:
         fam("prompt_blocks").add_metric([], u.prompt_blocks)
         fam("prompt_tokens").add_metric([], u.prompt_tokens)
         fam("sessions_expired").add_metric([], L.sessions_expired)
+        ends = L.session_ends
+        for reason in END_REASONS:
+            fam("sessions_ended").add_metric([reason], ends.get(reason, 0))
         fam("reservations_timed_out").add_metric([], L.reservations_timed_out)
         fam("sessions").add_metric([], len(L.sessions))
         fam("leases").add_metric([], len(L.leases))
@@ -251,7 +261,7 @@ class Metrics:
             ["direction", "transport"], registry=registry, buckets=TRANSFER_BUCKETS)
         # Pre-create every child so each series exists at zero from start-up.
         self._rpc_hist = {m: self.rpc_duration.labels(method=m)
-                          for m in RPC_METHODS + ADMIN_RPC_METHODS}
+                          for m in RPC_METHODS + ADMIN_RPC_METHODS if m not in HELD_RPC_METHODS}
         self._rpc_err: dict[tuple[str, str], Any] = {
             (m, c): self.rpc_errors.labels(method=m, code=c)
             for m in RPC_METHODS for c in RPC_ERROR_CODES}
@@ -289,14 +299,20 @@ class Metrics:
             self._collector = None
 
     # ------------------------------------------------------------ servicer hooks
-    def observe_rpc(self, method: str, seconds: float, code: Any = None) -> None:
+    def observe_rpc(self, method: str, seconds: Optional[float], code: Any = None) -> None:
         """One answered RPC. `code`: None or "OK" for success, else a gRPC code
-        name or grpc.StatusCode. Raises ValueError on a method or code outside
-        the fixed sets, so a typo cannot mint a new series."""
+        name or grpc.StatusCode. `seconds` None: only the code counts (a call
+        held open for a client's lifetime takes no time to answer). Raises
+        ValueError on a method or code outside the fixed sets, so a typo cannot
+        mint a new series."""
         hist = self._rpc_hist.get(method)
         if hist is None:
             _check(method, RPC_METHODS + ADMIN_RPC_METHODS, "RPC method")
-        hist.observe(max(0.0, seconds))
+        if seconds is not None:
+            if hist is None:
+                raise ValueError(f"{method} is held open for a client's lifetime: it has no "
+                                 "duration to observe")
+            hist.observe(max(0.0, seconds))
         if code is None:
             return
         name = getattr(code, "name", code)

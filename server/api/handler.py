@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Optional
 
 import grpc
 
@@ -64,9 +64,10 @@ def _answer(method: str, exc: BaseException, context: Any) -> tuple[grpc.StatusC
     return status_for(exc)
 
 
-def _observe(self: Any, method: str, t0: float, code: Any) -> None:
+def _observe(self: Any, method: str, t0: Optional[float], code: Any) -> None:
+    """t0 None: count the code only (a call held open has no time to answer)."""
     if self.metrics is not None:
-        self.metrics.observe_rpc(method, time.perf_counter() - t0, code)
+        self.metrics.observe_rpc(method, None if t0 is None else time.perf_counter() - t0, code)
 
 
 def rpc(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -91,11 +92,22 @@ def rpc(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def rpc_stream(fn: Callable[..., AsyncIterator[Any]]) -> Callable[..., Any]:
     """Server-streaming handlers: the same contract, as an async generator."""
+    return _streaming(fn, timed=True)
+
+
+def rpc_held(fn: Callable[..., AsyncIterator[Any]]) -> Callable[..., Any]:
+    """A server-streaming handler whose call lasts as long as its client
+    (WatchSession): as rpc_stream, but its errors alone are counted, since
+    its duration says how long a client lived, not how fast the daemon answered."""
+    return _streaming(fn, timed=False)
+
+
+def _streaming(fn: Callable[..., AsyncIterator[Any]], *, timed: bool) -> Callable[..., Any]:
     method = fn.__name__
 
     @functools.wraps(fn)
     async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        t0 = time.perf_counter()
+        t0 = time.perf_counter() if timed else None
         code: Any = None
         try:
             async for item in fn(self, _admit(self, request), context):

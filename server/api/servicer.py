@@ -26,7 +26,8 @@ from ..tiers.stack import TierStack
 from ..quoting import clip
 from ..security import identity
 from .convert import SLOT_TO_PB, descriptor_from_pb, report_from_pb, tier_to_pb
-from .handler import rpc, rpc_stream
+from .handler import rpc, rpc_held, rpc_stream
+from .watch import Watches
 
 log = logging.getLogger("kvkeeper.api")
 
@@ -82,6 +83,8 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         self.accepting_saves = True
         # Set when auth.tokens_file is: (context, model id) -> None or PermissionDenied.
         self.authorize_namespace: Callable[[Any, str], None] | None = None
+        # The open WatchSession calls (watch.py).
+        self.watches = Watches(ledger, clock)
         self.arena_pb = pb.ShmArena(path=arena.path, size_bytes=arena.size_bytes,
                                     page_bytes=arena.page_bytes, arena_id=arena.arena_id)
 
@@ -116,6 +119,14 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         self.ledger.close_session(SessionId(request.session_id), self.clock(), identity.of(context))
         log.info("session end %s reason=closed", tag(request.session_id))
         return pb.CloseSessionResponse()
+
+    @rpc_held
+    async def WatchSession(self, request: pb.WatchSessionRequest, context: Any) -> AsyncIterator[pb.SessionEvent]:
+        """Held open while the session lives; its end from the client's side
+        ends the session (see the proto and watch.py)."""
+        async for event in self.watches.hold(SessionId(request.session_id), identity.of(context),
+                                             context):
+            yield event
 
     # ------------------------------------------------------------ match / load / release
     @rpc

@@ -47,6 +47,9 @@ def check_ledger(led: "Ledger") -> None:
         for rid in holder.reservations:
             if led.reservations.get(rid) is None or led.reservations[rid].session is not holder:
                 _bad(f"session {holder.id} lists reservation {rid} it does not hold")
+    for session in led.sessions.values():
+        if any(w.session is not session or not w.open for w in session.watches):
+            _bad(f"session {session.id} lists a watch that is closed or another session's")
     for book in led.lower.values():
         book.check_invariants()
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 from ..errors import FailedPrecondition, InvalidArgument, NotFound
 from ..ids import LOCAL, BlockKey, Identity, LeaseId, NamespaceId, ReservationId, SessionId, TierName
@@ -28,7 +28,7 @@ from .lower import LowerBooks
 from .records import Block, Internal, Lease, Namespace, NamespaceDescriptor, Reservation, Session
 from .results import ExpiryReport, MatchResult
 from .saves import Saves
-from .sessions import SessionTable
+from .sessions import CLOSED, DISCONNECTED, EXPIRED, SessionTable, Watch
 from .states import BlockState, Event
 from .tier import Tier, TierSpec
 from .units import pages_for_bytes
@@ -74,7 +74,6 @@ class Ledger(Saves, LowerBooks):
         self.lookups = 0
         self.lookup_keys = 0
         self.usage = Usage()
-        self.sessions_expired = 0
         self.reservations_timed_out = 0
 
     # ------------------------------------------------------------ sessions
@@ -103,8 +102,7 @@ class Ledger(Saves, LowerBooks):
         only a call that succeeds does (renew), so failing calls are no heartbeat."""
         session = self._sessions.resolve(sid, owner)
         if session.expires_at < now:
-            self._drop_session(session)
-            self.sessions_expired += 1
+            self._drop_session(session, EXPIRED)
             raise FailedPrecondition(
                 f"session {clip(sid)} expired: no heartbeat for {self.config.lease_ttl_s:g}s; its "
                 "leases and reservations were released; call RegisterSession again")
@@ -118,15 +116,44 @@ class Ledger(Saves, LowerBooks):
         self.renew(self.session(sid, now, owner), now)
 
     def close_session(self, sid: SessionId, now: float, owner: Identity = LOCAL) -> None:
-        self._drop_session(self.session(sid, now, owner))
+        self._drop_session(self.session(sid, now, owner), CLOSED)
 
-    def _drop_session(self, session: Session) -> None:
+    def watch(self, sid: SessionId, now: float, owner: Identity,
+              on_end: Callable[[str], None]) -> Watch:
+        """A call now watches the live session `sid` (and renews it): when the
+        session ends, on_end(reason) is called; when the session's last watch
+        ends first (unwatch), the session ends with it."""
+        session = self.session(sid, now, owner)
+        w = self._sessions.watch(session, on_end)
+        self.renew(session, now)
+        return w
+
+    def unwatch(self, w: Watch) -> bool:
+        """The call of watch `w` ended. Returns whether that ended its session
+        (its last watch, the session still live: the client is gone, so its
+        leases and reservations are freed now). Never fails."""
+        session = self._sessions.unwatch(w)
+        if session is None:
+            return False
+        self._drop_session(session, DISCONNECTED)
+        return True
+
+    @property
+    def session_ends(self) -> Mapping[str, int]:
+        """Sessions ended so far, by reason (sessions.END_REASONS)."""
+        return self._sessions.ends
+
+    @property
+    def sessions_expired(self) -> int:
+        return self._sessions.ends[EXPIRED]
+
+    def _drop_session(self, session: Session, reason: str) -> None:
         for lid in list(session.leases):
             self._release(self.leases[lid], discard=(), now=session.expires_at)
         for rid in list(session.reservations):
             self._abort(self.reservations[rid], Event.ABORT)
         session.ns.sessions -= 1
-        self._sessions.forget(session)
+        self._sessions.forget(session, reason)
 
     # ------------------------------------------------------------ keys
     def check_keys(self, keys: Sequence[bytes], *, unique: bool) -> list[bytes]:
@@ -337,8 +364,7 @@ class Ledger(Saves, LowerBooks):
         """Drop sessions that missed their heartbeat and reservations never committed."""
         report = ExpiryReport()
         for session in [s for s in self.sessions.values() if s.expires_at < now]:
-            self._drop_session(session)
-            self.sessions_expired += 1
+            self._drop_session(session, EXPIRED)
             report.sessions.append(session.id)
         for res in [r for r in self.reservations.values() if r.expires_at < now]:
             self._abort(res, E.TIMEOUT)

@@ -110,6 +110,8 @@ class Session:
     owner: Identity = LOCAL
     leases: set[LeaseId] = field(default_factory=set)
     reservations: set[ReservationId] = field(default_factory=set)
+    # The calls watching it (sessions.Watch): the last one to end ends the session.
+    watches: list[Any] = field(default_factory=list)
 
 
 @dataclass(eq=False)

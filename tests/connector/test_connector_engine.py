@@ -16,6 +16,7 @@ import os
 import queue
 import random
 import shutil
+import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -474,3 +475,27 @@ def test_a_terminated_engine_closes_its_sessions_at_once(cluster: Cluster) -> No
     assert before - after.sessions == 2, (before, after.sessions)
     assert after.leases == 0
     assert one(cluster.a, prompt("after-b", 40), 2)["tokens"], "A still serves"
+
+
+def test_a_killed_engine_frees_its_sessions_at_once(cluster: Cluster) -> None:
+    """SIGKILL to engine A's whole process group: no handler runs, nothing
+    closes a session; the daemon sees each session's watch call end with the
+    process and frees the sessions at once, not a lease TTL (30 s) later.
+    Runs last of all: it kills engine A."""
+    p = prompt("last-a", 100)
+    a = one(cluster.a, p, 4)
+    cluster.wait_stored(report_keys(a["report"], p)[:3])
+    before = cluster.daemon.stats().sessions
+    t0 = time.monotonic()
+    os.killpg(cluster.a.proc.pid, signal.SIGKILL)
+    cluster.a.proc.wait(10)
+    deadline = t0 + 10.0   # a bound on the poll only; the TTL is 30 s
+    while before - cluster.daemon.stats().sessions < 2:
+        assert time.monotonic() < deadline, \
+            f"engine A's sessions stayed: {cluster.daemon.stats().sessions} of {before}"
+        time.sleep(0.02)
+    gone = time.monotonic() - t0
+    after = cluster.daemon.stats()
+    # A's scheduler and worker sessions are gone; this test's own client stays
+    assert before - after.sessions == 2 and after.leases == 0
+    print(f"\nengine SIGKILL: its 2 sessions gone {gone:.2f} s after the kill")

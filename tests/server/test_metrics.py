@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvkeeper.client.url import parse_host_port
 from kvkeeper.server.ledger import Ledger, LedgerConfig, NamespaceDescriptor, TierSpec
-from kvkeeper.server.metrics import (DIRECTIONS, EVICTION_REASONS, RPC_ERROR_CODES, RPC_METHODS,
-                                     TRANSPORTS, Metrics)
+from kvkeeper.server.metrics import (DIRECTIONS, EVICTION_REASONS, HELD_RPC_METHODS,
+                                     RPC_ERROR_CODES, RPC_METHODS, TRANSPORTS, Metrics)
 
 PAGE = 4096
 PAGES = 64
@@ -37,7 +37,8 @@ LEDGER_METRICS = {
     "kvkeeper_tier_evictable_bytes", "kvkeeper_tier_page_size_bytes",
     "kvkeeper_tier_capacity_pages", "kvkeeper_tier_used_pages", "kvkeeper_tier_blocks",
     "kvkeeper_sessions", "kvkeeper_leases", "kvkeeper_reservations", "kvkeeper_namespaces",
-    "kvkeeper_sessions_expired_total", "kvkeeper_reservations_timed_out_total",
+    "kvkeeper_sessions_expired_total", "kvkeeper_sessions_ended_total",
+    "kvkeeper_reservations_timed_out_total",
 }
 OWNED_METRICS = {
     "kvkeeper_rpc_duration_seconds_bucket", "kvkeeper_rpc_duration_seconds_count",
@@ -107,8 +108,12 @@ def test_every_series_exists_at_zero_on_a_fresh_ledger():
     for state in ("committed", "pending"):
         assert val(s, "kvkeeper_tier_blocks", tier="host", state=state) == 0
     for method in RPC_METHODS:
-        assert val(s, "kvkeeper_rpc_duration_seconds_count", method=method) == 0
-        assert val(s, "kvkeeper_rpc_duration_seconds_bucket", method=method, le="+Inf") == 0
+        if method in HELD_RPC_METHODS:   # no duration: the series does not exist
+            assert ("kvkeeper_rpc_duration_seconds_count",
+                    frozenset({("method", method)})) not in s
+        else:
+            assert val(s, "kvkeeper_rpc_duration_seconds_count", method=method) == 0
+            assert val(s, "kvkeeper_rpc_duration_seconds_bucket", method=method, le="+Inf") == 0
         for code in RPC_ERROR_CODES:
             assert val(s, "kvkeeper_rpc_errors_total", method=method, code=code) == 0
     for d in DIRECTIONS:
@@ -247,6 +252,8 @@ def test_values_follow_the_ledger():
     L.expire(now + 5000.0)
     v = samples(m)
     assert val(v, "kvkeeper_sessions_expired_total") == 1
+    assert val(v, "kvkeeper_sessions_ended_total", reason="expired") == 1
+    assert val(v, "kvkeeper_sessions_ended_total", reason="closed") == 0
     assert val(v, "kvkeeper_sessions") == 0
     L.check_invariants()
 

@@ -26,6 +26,12 @@ class ChecksumAlgo(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CHECKSUM_CRC32: _ClassVar[ChecksumAlgo]
     CHECKSUM_XXH3_64: _ClassVar[ChecksumAlgo]
 
+class SessionEnd(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SESSION_END_UNSPECIFIED: _ClassVar[SessionEnd]
+    SESSION_END_CLOSED: _ClassVar[SessionEnd]
+    SESSION_END_EXPIRED: _ClassVar[SessionEnd]
+
 class SlotStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SLOT_STATUS_UNSPECIFIED: _ClassVar[SlotStatus]
@@ -42,6 +48,9 @@ TRANSPORT_STREAM: Transport
 CHECKSUM_NONE: ChecksumAlgo
 CHECKSUM_CRC32: ChecksumAlgo
 CHECKSUM_XXH3_64: ChecksumAlgo
+SESSION_END_UNSPECIFIED: SessionEnd
+SESSION_END_CLOSED: SessionEnd
+SESSION_END_EXPIRED: SessionEnd
 SLOT_STATUS_UNSPECIFIED: SlotStatus
 SLOT_RESERVED: SlotStatus
 SLOT_PRESENT: SlotStatus
@@ -130,6 +139,18 @@ class CloseSessionRequest(_message.Message):
 class CloseSessionResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class WatchSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class SessionEvent(_message.Message):
+    __slots__ = ("ended",)
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    ended: SessionEnd
+    def __init__(self, ended: _Optional[_Union[SessionEnd, str]] = ...) -> None: ...
 
 class MatchRequest(_message.Message):
     __slots__ = ("session_id", "keys", "lease", "blocks", "report_use")

@@ -94,6 +94,11 @@ class KVKeeperStub:
                 request_serializer=kvkeeper_dot_v1_dot_kvkeeper__pb2.StatsRequest.SerializeToString,
                 response_deserializer=kvkeeper_dot_v1_dot_kvkeeper__pb2.StatsResponse.FromString,
                 _registered_method=True)
+        self.WatchSession = channel.unary_stream(
+                '/kvkeeper.v1.KVKeeper/WatchSession',
+                request_serializer=kvkeeper_dot_v1_dot_kvkeeper__pb2.WatchSessionRequest.SerializeToString,
+                response_deserializer=kvkeeper_dot_v1_dot_kvkeeper__pb2.SessionEvent.FromString,
+                _registered_method=True)
 
 
 class KVKeeperServicer:
@@ -171,6 +176,12 @@ class KVKeeperServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchSession(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVKeeperServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -233,6 +244,11 @@ def add_KVKeeperServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=kvkeeper_dot_v1_dot_kvkeeper__pb2.StatsRequest.FromString,
                     response_serializer=kvkeeper_dot_v1_dot_kvkeeper__pb2.StatsResponse.SerializeToString,
+            ),
+            'WatchSession': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchSession,
+                    request_deserializer=kvkeeper_dot_v1_dot_kvkeeper__pb2.WatchSessionRequest.FromString,
+                    response_serializer=kvkeeper_dot_v1_dot_kvkeeper__pb2.SessionEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -559,6 +575,33 @@ class KVKeeper:
             '/kvkeeper.v1.KVKeeper/Stats',
             kvkeeper_dot_v1_dot_kvkeeper__pb2.StatsRequest.SerializeToString,
             kvkeeper_dot_v1_dot_kvkeeper__pb2.StatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/kvkeeper.v1.KVKeeper/WatchSession',
+            kvkeeper_dot_v1_dot_kvkeeper__pb2.WatchSessionRequest.SerializeToString,
+            kvkeeper_dot_v1_dot_kvkeeper__pb2.SessionEvent.FromString,
             options,
             channel_credentials,
             insecure,

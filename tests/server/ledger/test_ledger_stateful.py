@@ -12,7 +12,7 @@ the policy order.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Optional
+from typing import Any, Optional
 
 import pytest
 from hypothesis import HealthCheck, event, settings
@@ -63,6 +63,9 @@ class LedgerMachine(RuleBasedStateMachine):
         self.committed: list[set[bytes]] = [set(), set()]
         self.pending: list[set[bytes]] = [set(), set()]
         self.ns_ids: list[Optional[bytes]] = [None, None]
+        # Open watch calls: (the ledger's Watch, its sid, the reasons on_end was given).
+        self.watches: list[tuple[Any, str, list[str]]] = []
+        self.disconnected = 0                    # sessions ended by their last watch
 
     # ------------------------------------------------------------ model helpers
     def leased(self) -> Counter:
@@ -196,6 +199,34 @@ class LedgerMachine(RuleBasedStateMachine):
             return
         self.led.close_session(sid, self.now, self.who)
         self.drop_session(sid)
+
+    @precondition(lambda self: len(self.watches) < 6)
+    @rule(data=st.data())
+    def watch(self, data):
+        sid = self.any_sid(data)
+        err = self.gate(sid)
+        told: list[str] = []
+        if err:
+            with pytest.raises(err):
+                self.led.watch(sid, self.now, self.who, told.append)
+            return
+        w = self.led.watch(sid, self.now, self.who, told.append)
+        self.renew(sid)
+        self.watches.append((w, sid, told))
+
+    @precondition(lambda self: self.watches)
+    @rule(data=st.data())
+    def unwatch(self, data):
+        """A watch's call ends: the session's last open one ends the session."""
+        w, sid, told = self.watches.pop(data.draw(st.integers(0, len(self.watches) - 1),
+                                                  label="watch"))
+        last = sid in self.sess and not any(s == sid for _, s, _ in self.watches)
+        if last:
+            event("last watch ended: session disconnected")
+        assert self.led.unwatch(w) is last
+        if last:
+            self.drop_session(sid)
+            self.disconnected += 1
 
     @rule(data=st.data(), lease=st.booleans())
     def match(self, data, lease):
@@ -451,6 +482,11 @@ class LedgerMachine(RuleBasedStateMachine):
         for sid, (n, deadline, owner) in self.sess.items():
             assert led.sessions[sid].owner == owner
             assert led.sessions[sid].expires_at == deadline
+        # A watch is told once that its session ended, and only then.
+        for _, sid, told in self.watches:
+            assert len(told) == (sid not in self.sess) and set(told) <= {"closed", "expired"}
+        assert led.session_ends["disconnected"] == self.disconnected
+        assert sum(led.session_ends.values()) == len(self.dead)
 
 
 class HitsLRULedgerMachine(LedgerMachine):
