@@ -22,7 +22,7 @@ trace, so each ratio is the policy's share of the reachable hit ratio. The
 default policy's results carry the issue's target (>= 0.8 of the optimum),
 and one result per point compares it with lru (target >= 1.0).
 
---quick: 400 requests per mix (seconds); default: 3000 per mix (~1-2 min).
+--quick: 400 requests per mix (seconds); default: 2000 per mix (~1-2 min).
 """
 from __future__ import annotations
 

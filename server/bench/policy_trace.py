@@ -62,7 +62,7 @@ class Mix:
     rag: float
     unique: float
     scan: float
-    requests: int = 3000
+    requests: int = 2000
     system_prompts: int = 12
     system_blocks: int = 6
     system_zipf: float = 1.2

@@ -194,3 +194,37 @@ def test_scales_are_consistent() -> None:
         ds = data_bench.Scale.for_mode(quick)
         assert all(ds.move_bytes % b == 0 and b % data_bench.PAGE_BYTES == 0
                    for b in ds.block_sizes)
+
+
+def test_policy_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    """`bench policy --quick`: every policy on every mix at every capacity point,
+    against the optimum; the default policy carries the targets."""
+    from kvkeeper.server.bench import policy_bench
+    from kvkeeper.server.bench.policy_trace import MIXES
+    from kvkeeper.server.ledger.policy import DEFAULT_POLICY
+    items = run_cli(capsys, "policy")
+    labels = [f"{m}.{round(p * 100)}pct" for m in MIXES for p in policy_bench.POINTS]
+    expect = {f"policy.hit_ratio.{lb}.{p}" for lb in labels for p in POLICIES}
+    expect |= {f"policy.default_vs_lru.{lb}" for lb in labels}
+    check_shape(items, "policy", expect)
+    by = {r["name"]: r for r in items}
+    for lb in labels:
+        for p in POLICIES:
+            r = by[f"policy.hit_ratio.{lb}.{p}"]
+            assert 0 < r["value"] <= r["baseline_value"] + 1e-9 <= 1 + 1e-9   # never above optimum
+            assert (r["target"] is not None) == (p == DEFAULT_POLICY)
+            assert r["params"]["stranded_blocks_left"] == 0
+
+
+def test_policy_replays_a_recorded_trace(capsys: pytest.CaptureFixture[str],
+                                         tmp_path: "os.PathLike[str]") -> None:
+    from kvkeeper.server.bench.policy_trace import MIXES, generate, write_trace
+    path = os.path.join(str(tmp_path), "trace.jsonl")
+    write_trace(generate(MIXES["chat-heavy"].scaled(150), seed=5), path)
+    items = run_cli(capsys, "policy", "--trace", path)
+    assert {r["params"]["mix"] for r in items} == {"trace"}
+    assert {r["params"]["requests"] for r in items} == {150}
+    bad = os.path.join(str(tmp_path), "bad.jsonl")
+    with open(bad, "w") as fh:
+        fh.write("nope\n")
+    assert bench.main(["policy", "--trace", bad, "-q"]) == 2
