@@ -235,3 +235,34 @@ def test_ghost_remembers_forgets_and_grows():
     g.put(b"b")
     g.fit(64)                  # grown: forgotten, and larger
     assert b"b" not in g and len(g._table) >= 128
+
+
+def test_s3fifo_probation_grows_on_its_ghosts_and_shrinks_on_main_s():
+    p = S3FIFOPolicy()
+    start = p.share
+    for i in range(30):                 # evicted unhit from probation, then back
+        b = Blk(f"k{i}")
+        p.add(b)
+        assert p.pop() is b
+        p.add(Blk(f"k{i}"))
+        drain(p)
+    grown = p.share
+    assert grown > start
+    p.main_ghost.put(b"m")
+    m = Blk("m")
+    p.add(m)                             # came back from main's ghost: to main, share down
+    assert p.share < grown and m.pq & 0xC == 0x8
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(20, 200), hit_every=st.integers(2, 7))
+def test_s3fifo_long_drains_follow_the_listed_order(n, hit_every):
+    """The share moves with every eviction: iteration simulates that too."""
+    p = S3FIFOPolicy()
+    blocks = [Blk(str(i)) for i in range(n)]
+    for i, b in enumerate(blocks):
+        p.add(b)
+        if i % hit_every == 0:
+            p.hit(b)
+    listed = [b.name for b in p]
+    assert drain(p) == listed
