@@ -1,7 +1,13 @@
-"""`kvkeeper bench`: the ledger, control-plane, checksum, data-plane, disk and GC benchmarks.
+"""`kvkeeper bench`: the ledger, control-plane, checksum, data-plane, disk, GC and
+eviction-policy benchmarks.
 
-    kvkeeper bench {ledger,control,checksum,data,disk,gc,ttft,stream-hit,gpu,all} [--json] [--quick]
-                   [--out FILE] [--engine-python PATH] [--model CONFIG.json ...]
+    kvkeeper bench {ledger,control,checksum,data,disk,gc,policy,ttft,stream-hit,gpu,all} [--json]
+                   [--quick] [--out FILE] [--engine-python PATH] [--model CONFIG.json ...]
+                   [--trace FILE]
+
+`policy` replays LLM-serving traces through the ledger with each eviction
+policy against the offline optimum (policy_bench.py); --trace FILE replays a
+recorded trace instead of the generated mixes (format: policy_trace.py).
 
 Every result carries its baseline, measured again in the same run side by
 side (see result.py for the JSON shape). --json prints the results as one
@@ -35,17 +41,21 @@ import time
 from typing import Callable, Optional, Sequence
 
 from .registry import BENCHES, EXTRA_BENCHES, BenchUnavailable, BenchUsageError, runner
+from .policy_trace import TraceError
 from .result import Result, render_table, to_json
 
 
 def run_benches(names: Sequence[str], quick: bool,
                 log: Callable[[str], None] = lambda s: None,
                 engine_python: Optional[str] = None,
-                models: Optional[Sequence[str]] = None) -> list[Result]:
+                models: Optional[Sequence[str]] = None,
+                trace: Optional[str] = None) -> list[Result]:
     results: list[Result] = []
     for name in names:
         t0 = time.perf_counter()
-        if name == "ttft":
+        if name == "policy" and trace:
+            results += runner(name)(quick=quick, log=log, trace=trace)
+        elif name == "ttft":
             results += runner(name)(quick=quick, log=log, python=engine_python, models=models)
         elif name in EXTRA_BENCHES:
             results += runner(name)(quick=quick, log=log, python=engine_python)
@@ -76,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="CONFIG.json", action="append", default=None,
                    help="ttft: run this Llama-like config.json (dummy weights) instead of "
                         "the matrix's M1 and M2; repeatable")
+    p.add_argument("--trace", metavar="FILE",
+                   help="policy: replay this recorded trace (JSON lines of key chains) "
+                        "instead of the generated traffic mixes")
     return p
 
 
@@ -89,6 +102,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.model and args.which != "ttft":
         print("kvkeeper bench: --model is for ttft only", file=sys.stderr)
         return 2
+    if args.trace and args.which != "policy":
+        print("kvkeeper bench: --trace is for policy only", file=sys.stderr)
+        return 2
 
     def log(msg: str) -> None:
         if not args.quiet:
@@ -96,14 +112,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     try:
         results = run_benches(names, args.quick, log, engine_python=args.engine_python,
-                              models=args.model)
+                              models=args.model, trace=args.trace)
     except KeyboardInterrupt:
         print("kvkeeper bench: interrupted", file=sys.stderr)
         return 1
     except BenchUnavailable as e:
         print(f"kvkeeper bench: {args.which} cannot run here: {e}", file=sys.stderr)
         return 1
-    except BenchUsageError as e:   # bad input named on the command line (--model)
+    except (BenchUsageError, TraceError) as e:   # bad input named on the command line
         print(f"kvkeeper bench: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 - report, do not dump a trace on the user

@@ -1,4 +1,5 @@
-"""Ledger benchmark: pure Python, no server, no I/O.
+"""Ledger benchmark: pure Python, no server, no I/O. Every figure below is
+measured for each eviction policy (names end in .<policy>).
 
 For each population N (10k, 100k, 1M resident blocks; 10k and 100k with --quick)
 one ledger is built with a single tier whose page equals the block size
@@ -39,10 +40,11 @@ import random
 import time
 import tracemalloc
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from ..ids import HOST
 from ..ledger import Ledger, LedgerConfig, NamespaceDescriptor, TierSpec
+from ..ledger.policy import DEFAULT_POLICY, POLICIES
 from .result import Result
 
 BLOCK_BYTES = 4096
@@ -86,11 +88,12 @@ class Clock:
         return self.t
 
 
-def build_filled(n: int, batch: int, clock: Clock) -> tuple[Ledger, str]:
+def build_filled(n: int, batch: int, clock: Clock,
+                 policy: str = DEFAULT_POLICY) -> tuple[Ledger, str]:
     """A ledger whose one tier holds exactly `n` blocks, full of committed unreferenced
-    blocks (keys 0..n-1), and the id of its session (which never expires)."""
+    blocks (keys 0..n-1, chains of `batch`), and the id of its session (which never expires)."""
     ledger = Ledger(LedgerConfig(
-        tiers=[TierSpec(HOST, n * BLOCK_BYTES, BLOCK_BYTES)], policy="lru",
+        tiers=[TierSpec(HOST, n * BLOCK_BYTES, BLOCK_BYTES)], policy=policy,
         key_bytes=KEY_BYTES, max_keys_per_call=max(batch, CHAIN),
         lease_ttl_s=1e12, reservation_timeout_s=1e12))
     session = ledger.register_session(
@@ -198,10 +201,22 @@ def _dict_baseline_bytes(n: int) -> float:
 
 
 def run(quick: bool = False, *, scale: Optional[Scale] = None,
-        log: Callable[[str], None] = lambda s: None, seed: int = 1) -> list[Result]:
+        log: Callable[[str], None] = lambda s: None, seed: int = 1,
+        policies: Optional[Sequence[str]] = None) -> list[Result]:
+    """Every figure for each policy (default: all of POLICIES), named .<policy>."""
     scale = scale or Scale.for_mode(quick)
     if scale.memory_blocks not in scale.sizes:
         raise ValueError("memory_blocks must be one of sizes")
+    log(f"ledger: dict baseline for memory at {scale.memory_blocks} keys")
+    dict_bytes = _dict_baseline_bytes(scale.memory_blocks)
+    results: list[Result] = []
+    for policy in policies or sorted(POLICIES):
+        results += _run_policy(policy, scale, log, seed, dict_bytes)
+    return results
+
+
+def _run_policy(policy: str, scale: Scale, log: Callable[[str], None], seed: int,
+                dict_bytes: float) -> list[Result]:
     rng = random.Random(seed)
     results: list[Result] = []
     evict_by_size: dict[int, float] = {}
@@ -214,7 +229,7 @@ def run(quick: bool = False, *, scale: Optional[Scale] = None,
     for n in sizes:
         clock = Clock()
         traced = n == scale.memory_blocks
-        log(f"ledger: filling {n} blocks{' (traced by tracemalloc)' if traced else ''}")
+        log(f"ledger: {policy}: filling {n} blocks{' (traced by tracemalloc)' if traced else ''}")
         gc.collect()
         gc.disable()
         t_fill = time.perf_counter()
@@ -222,13 +237,13 @@ def run(quick: bool = False, *, scale: Optional[Scale] = None,
             if traced:
                 tracemalloc.start()
                 base = tracemalloc.get_traced_memory()[0]
-                ledger, sid = build_filled(n, scale.batch, clock)
+                ledger, sid = build_filled(n, scale.batch, clock, policy)
                 gc.collect()
                 used = tracemalloc.get_traced_memory()[0] - base
                 tracemalloc.stop()
                 mem_per_block = used / n
             else:
-                ledger, sid = build_filled(n, scale.batch, clock)
+                ledger, sid = build_filled(n, scale.batch, clock, policy)
         finally:
             if gc_was_enabled:
                 gc.enable()
@@ -237,7 +252,7 @@ def run(quick: bool = False, *, scale: Optional[Scale] = None,
         gc.collect()
         gc.freeze()
         try:
-            log(f"ledger: {n} blocks filled in {t_fill:.1f}s; timing match and evict")
+            log(f"ledger: {policy}: {n} blocks filled in {t_fill:.1f}s; timing match and evict")
             m_ledger, m_dict = _measure_match(ledger, sid, n, scale.chains, clock, rng)
             evicting: list[float] = []
             plain: list[float] = []
@@ -259,35 +274,34 @@ def run(quick: bool = False, *, scale: Optional[Scale] = None,
         evict_by_size[n] = ev
         label = size_label(n)
         results.append(Result(
-            name=f"ledger.match_ns_per_block.{label}", value=m_ledger, unit="ns/block",
+            name=f"ledger.match_ns_per_block.{label}.{policy}", value=m_ledger, unit="ns/block",
             baseline_name="dict.get loop over the same keys", baseline_value=m_dict,
             better="lower", params={"resident_blocks": n, "chain": CHAIN, "chains": scale.chains,
-                                    "lease": False},
+                                    "lease": False, "policy": policy},
             note="Ledger.match of a 256-key chain; the ratio is the ledger's overhead over a bare lookup"))
         results.append(Result(
-            name=f"ledger.evict_ns_per_block.{label}", value=ev, unit="ns/block",
+            name=f"ledger.evict_ns_per_block.{label}.{policy}", value=ev, unit="ns/block",
             baseline_name="the same reserve into free pages (no eviction)", baseline_value=pl,
             better="lower", params={"resident_blocks": n, "keys_per_reserve": min(scale.batch, n // 2),
-                                    "reps": scale.evict_reps, "policy": "lru"},
+                                    "reps": scale.evict_reps, "policy": policy},
             note="reserve that evicts one unreferenced block per new key, per block (median of reps)"))
     del small
     results.append(Result(
-        name=f"ledger.evict_flatness.{size_label(hi)}_vs_{size_label(lo)}",
+        name=f"ledger.evict_flatness.{size_label(hi)}_vs_{size_label(lo)}.{policy}",
         value=evict_by_size[hi], unit="ns/block",
         baseline_name=f"evict ns/block at {size_label(lo)} resident, measured rep by rep "
                       f"beside the {size_label(hi)} one",
         baseline_value=_median(small_beside_hi) if small_beside_hi else evict_by_size[lo],
         better="lower", target="<= 1.5", target_of="ratio",
-        params={"sizes": list(scale.sizes), "reps": scale.evict_reps},
+        params={"sizes": list(scale.sizes), "reps": scale.evict_reps, "policy": policy},
         note="eviction must cost the same per block whatever the population (O(1))"))
-    log(f"ledger: dict baseline for memory at {scale.memory_blocks} keys")
-    dict_bytes = _dict_baseline_bytes(scale.memory_blocks)
     results.append(Result(
-        name=f"ledger.memory_bytes_per_block.{size_label(scale.memory_blocks)}",
+        name=f"ledger.memory_bytes_per_block.{size_label(scale.memory_blocks)}.{policy}",
         value=mem_per_block, unit="B/block",
         baseline_name="dict of 32-byte bytes keys -> None (key object + dict slot)",
         baseline_value=dict_bytes, better="lower", target="<= 300", target_of="value",
-        params={"resident_blocks": scale.memory_blocks, "method": "tracemalloc delta / blocks"},
+        params={"resident_blocks": scale.memory_blocks, "method": "tracemalloc delta / blocks",
+                "policy": policy},
         note="everything the ledger holds per resident block, keys included"))
     return results
 

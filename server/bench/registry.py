@@ -22,6 +22,7 @@ BENCH_MODULES = {  # what `all` runs, in this order
     "data": "kvkeeper.server.bench.data_bench",
     "disk": "kvkeeper.server.bench.disk_bench",
     "gc": "kvkeeper.server.bench.gc_bench",
+    "policy": "kvkeeper.server.bench.policy_bench",
 }
 EXTRA_BENCH_MODULES = {  # run only by name: they need vLLM and torch (gpu: torch and CUDA)
     "ttft": "kvkeeper.connector.bench.ttft_bench",

@@ -18,7 +18,7 @@ _FLAG_HELP = {
     "--metrics": "Prometheus HOST:PORT (\"\" disables)",
     "--capacity": "host tier size, e.g. 8GiB",
     "--page-size": "page size, a multiple of 4096, e.g. 64KiB",
-    "--policy": "eviction policy: lru or hits-lru",
+    "--policy": "eviction policy: s3fifo (default), hits-lru or lru",
     "--log-level": "debug, info, warning, error or critical",
     "--log-format": "text or json (one JSON object per line)",
 }

@@ -13,7 +13,7 @@ from kvkeeper.client.arena_format import HEADER_BYTES, PAGE_ALIGN
 
 from ..ids import HOST
 from ..ledger.ledger import LedgerConfig
-from ..ledger.policy import POLICIES
+from ..ledger.policy import DEFAULT_POLICY, POLICIES
 from ..ledger.tier import TierSpec
 from .parsers import GiB, KiB, MiB
 
@@ -85,7 +85,7 @@ class DiskTierSection:
 
 @dataclass(frozen=True)
 class LedgerSection:
-    eviction_policy: str = _opt("lru", "choice", "eviction order of unreferenced blocks",
+    eviction_policy: str = _opt(DEFAULT_POLICY, "choice", "eviction order of unreferenced blocks",
                                 choices=tuple(sorted(POLICIES)))
     key_bytes: int = _opt(32, "int", "length of every block key", min=8, max=1024)
     max_keys_per_call: int = _opt(4096, "int", "most keys one RPC may carry",

@@ -6,6 +6,7 @@ block's state and references.
 """
 from __future__ import annotations
 
+from .chains import unlink
 from .records import Block
 from .states import Event, next_state
 from .tier import Tier
@@ -51,3 +52,4 @@ def drop(b: Block, event: Event, reason: str) -> None:
     tier.blocks -= 1
     tier.evictions[reason] += 1
     del b.ns.blocks[b.key]
+    unlink(b)   # its parent loses a child; its subtree, if any, is stranded

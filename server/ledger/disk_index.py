@@ -8,9 +8,10 @@ namespace is registered again.
 
 An entry's states and the events that move it are the table in states.py
 (DiskState, DiskEvent, next_disk_state); every method here that changes an
-entry's state goes through it. Eviction takes the least recently used
-unpinned stored entry, O(1) per entry through the same intrusive free list as
-the host tier.
+entry's state goes through it. Eviction takes unpinned stored entries in the
+configured policy's order (policy.py), O(1) per entry through the same
+intrusive lists as the host tier, and a full book asks the policy whether a
+new copy may displace them (its admission rule).
 """
 from __future__ import annotations
 
@@ -31,16 +32,22 @@ Where = tuple[bytes, bytes]  # (namespace digest, key)
 
 
 class DiskEntry:
-    __slots__ = ("where", "nbytes", "state", "pins", "hits", "prev", "next")
+    __slots__ = ("where", "nbytes", "state", "pins", "hits", "prev", "next", "pq")
 
     def __init__(self, where: Where, nbytes: int) -> None:
         self.where = where
         self.nbytes = nbytes
         self.state = DiskState.ABSENT
         self.pins = 0
-        self.hits = 0   # what the hits-lru policy orders by
+        self.hits = 0
         self.prev: Optional[DiskEntry] = None
         self.next: Optional[DiskEntry] = None
+        self.pq = 0     # the policy's bits (policy.py)
+
+    @property
+    def key(self) -> Where:
+        """What the policy's ghost remembers an entry by."""
+        return self.where
 
     def label(self) -> str:
         return f"{self.where[0].hex()[:8]}/{self.where[1].hex()[:16]}"
@@ -66,6 +73,7 @@ class DiskIndex:
         self.hit_blocks = 0
         self.written_blocks = 0
         self.written_bytes = 0
+        self.refused = 0        # copies the policy's admission turned away
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -75,17 +83,23 @@ class DiskIndex:
         e = self.entries.get((ns, key))
         return e if e is not None and e.state is DiskState.STORED else None
 
-    def reserve(self, ns: bytes, key: bytes, nbytes: int) -> Optional[Reservation]:
+    def reserve(self, ns: bytes, key: bytes, nbytes: int, hits: int = 0) -> Optional[Reservation]:
         """Take `nbytes` for a new copy, evicting unpinned entries if needed.
 
-        None when a copy exists or is being written already. ResourceExhausted,
-        with nothing changed, when even evicting every unpinned entry would not
-        make room.
+        None when a copy exists or is being written already, or when making
+        room would evict and the policy does not admit the block (admission:
+        s3fifo lets a block that was never hit, `hits` in the arena, displace
+        others only when it comes again; counted in `refused`).
+        ResourceExhausted, with nothing changed, when even evicting every
+        unpinned entry would not make room.
         """
         where = (ns, key)
         if where in self.entries:
             return None
         free = self.capacity_bytes - self.used_bytes
+        if nbytes > free and self.evictable_bytes and not self._policy.admits(None, where, hits):
+            self.refused += 1
+            return None
         if nbytes > free + self.evictable_bytes:
             raise ResourceExhausted(
                 f"disk tier: a block of {nbytes} B does not fit ({free} B free, "

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NoReturn
 
 from ..errors import InvariantViolation
+from .chains import DUE, GONE, PARKED, PLACE, STRANDED, children, stranded
 from .pages import iter_pages
 from .states import BlockState
 from .tier import Tier
@@ -52,6 +53,37 @@ def check_ledger(led: "Ledger") -> None:
             _bad(f"session {session.id} lists a watch that is closed or another session's")
     for book in led.lower.values():
         book.check_invariants()
+    for ns in led.namespaces.values():
+        _check_chains(ns)
+
+
+def _check_chains(ns) -> None:  # type: ignore[no-untyped-def]
+    """Links both ways, stranded marks, and where the policy holds a block:
+    no stranded block is evictable anywhere but first (due), no parked one
+    without a cached child."""
+    for b in ns.blocks.values():
+        p = b.parent
+        if p is not None and p is not GONE:
+            if ns.blocks.get(p.key) is not p:
+                _bad(f"{b.label()} links to a parent that left the ledger")
+            if b not in children(p):
+                _bad(f"{b.label()} is not among its parent's children")
+        for c in children(b):
+            if c.parent is not b or ns.blocks.get(c.key) is not c:
+                _bad(f"{b.label()} lists a child {c.label()} that is not its own or left")
+        if bool(b.pq & STRANDED) != stranded(b):
+            _bad(f"{b.label()}: stranded mark {bool(b.pq & STRANDED)}, chain says {stranded(b)}")
+        place = b.pq & PLACE
+        evictable = b.state is S.COMMITTED and b.refs == 0
+        if evictable != bool(place):
+            _bad(f"{b.label()}: evictable={evictable} but policy place {place:#x}")
+        if evictable and b.pq & STRANDED and place != DUE:
+            _bad(f"{b.label()} is stranded (its parent is gone) yet not evicted first")
+        if place == PARKED and b.child is None:
+            _bad(f"{b.label()} is parked without a cached child")
+    for p, more in ns.more_kids.items():
+        if not more or ns.blocks.get(p.key) is not p:
+            _bad(f"namespace {ns.id.hex()[:8]}: children kept for a block that left or has none")
 
 
 def _check_tier(led: "Ledger", tier: Tier, lease_refs: dict[int, int],

@@ -25,6 +25,7 @@ from . import books
 from .disk_index import DiskIndex
 from .invariants import check_ledger
 from .lower import LowerBooks
+from .policy import DEFAULT_POLICY
 from .records import Block, Internal, Lease, Namespace, NamespaceDescriptor, Reservation, Session
 from .results import ExpiryReport, MatchResult
 from .saves import Saves
@@ -36,12 +37,14 @@ from .usage import LookupReport, Usage
 
 S, E = BlockState, Event
 _REFS = attrgetter("refs")
+# Parent hints kept per namespace (saves a Match was the lookup of); oldest dropped.
+HINTS = 4096
 
 
 @dataclass(frozen=True)
 class LedgerConfig:
     tiers: Sequence[TierSpec]
-    policy: str = "lru"
+    policy: str = DEFAULT_POLICY
     key_bytes: int = 32
     max_keys_per_call: int = 4096
     lease_ttl_s: float = 30.0
@@ -198,6 +201,13 @@ class Ledger(Saves, LowerBooks):
             hit.append(b)
         self.lookups += 1
         self.lookup_keys += len(keys)
+        if hit and len(hit) < len(keys):
+            # A save of the first key missed will likely follow: its parent is
+            # the last hit (saves.py _first_parent), unless it names one.
+            hints = session.ns.hints
+            hints[keys[len(hit)]] = hit[-1]  # type: ignore[index]
+            if len(hints) > HINTS:
+                del hints[next(iter(hints))]
         # Tail first, so that within a chain the head is the most recently used
         # and eviction takes the tail: a prefix that loses its head is unmatchable.
         if any(map(_REFS, hit)):  # some are leased: only the others are evictable

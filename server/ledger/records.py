@@ -53,7 +53,8 @@ class NamespaceDescriptor:
 
 
 class Namespace:
-    __slots__ = ("id", "descriptor", "pages_per_block", "blocks", "sessions", "used_pages")
+    __slots__ = ("id", "descriptor", "pages_per_block", "blocks", "sessions", "used_pages",
+                 "more_kids", "hints")
 
     def __init__(self, descriptor: NamespaceDescriptor, pages_per_block: int) -> None:
         self.id = descriptor.digest()
@@ -63,6 +64,12 @@ class Namespace:
         self.sessions = 0
         # Pages its blocks hold in their tier (pending included): what a quota counts.
         self.used_pages = 0
+        # The children beyond a block's first (block.child), of the blocks with
+        # more than one: branch points of chains (see chains.py).
+        self.more_kids: dict[Block, set[Block]] = {}
+        # Key -> the block before it in a chain a Match named but did not hit:
+        # the parent of a save that starts there (bounded, see saves.py).
+        self.hints: dict[bytes, Block] = {}
 
     @property
     def block_bytes(self) -> int:
@@ -81,7 +88,7 @@ class Block:
     """
 
     __slots__ = ("key", "ns", "tier", "state", "refs", "hits", "last_used",
-                 "pages", "checksum", "prev", "next")
+                 "pages", "checksum", "prev", "next", "parent", "child", "pq")
 
     def __init__(self, key: BlockKey, ns: Namespace, tier: "Any", pages: Pages, now: float) -> None:
         self.key = key
@@ -95,6 +102,11 @@ class Block:
         self.checksum: Optional[tuple[int, int]] = None  # (algo, value) as committed
         self.prev: Any = None
         self.next: Any = None
+        # Chain links (chains.py): the block before it, one block after it.
+        self.parent: Any = None
+        self.child: Any = None
+        # The eviction policy's bits (policy.py): frequency, queue, place.
+        self.pq = 0
 
     def label(self) -> str:
         return f"{self.ns.id.hex()[:8]}/{self.key.hex()[:16]}"

@@ -8,11 +8,12 @@ reads, or undoes what it did, so a refused call changes nothing.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from ..errors import FailedPrecondition, InvalidArgument, NotFound, OutOfRange, ResourceExhausted
 from ..ids import LOCAL, BlockKey, Identity, NamespaceId, ReservationId, SessionId
 from . import books
+from .chains import GONE, link
 from .quota import check_quota, quota_for
 from .records import Block, Holder, Namespace, Reservation
 from .results import ReserveResult, SlotStatus
@@ -30,14 +31,23 @@ class Saves:
     """Ledger methods of the save path (see the module docstring)."""
 
     def reserve(self: "Ledger", sid: SessionId, keys: Sequence[bytes], now: float, *,
-                track_writes: bool = False, owner: Identity = LOCAL) -> ReserveResult:
+                track_writes: bool = False, parent: Optional[bytes] = None,
+                owner: Identity = LOCAL) -> ReserveResult:
         """Take capacity for the keys not yet stored, all or nothing.
 
+        The keys are a run of one chain: each key's parent is the key before
+        it; `parent` names the first key's (b"" for a chain's first block;
+        None: unknown, then the last Match that stopped at keys[0] says).
         With `track_writes` the bytes arrive through record_write() and commit
         refuses blocks that are not complete.
         """
         session = self.session(sid, now, owner)
-        r = self._reserve(session, session.ns, keys, now, track_writes)
+        if parent is not None and parent and len(parent) != self.config.key_bytes:
+            raise InvalidArgument(f"parent key has {len(parent)} bytes; every key must be "
+                                  f"{self.config.key_bytes} bytes (b\"\" for a chain's first block)")
+        if parent and parent in set(keys):
+            raise InvalidArgument("parent key is one of the keys; name the key before the first")
+        r = self._reserve(session, session.ns, keys, now, track_writes, parent)
         self.renew(session, now)
         return r
 
@@ -48,7 +58,7 @@ class Saves:
         return self._reserve(self.internal, self.namespaces[ns_id], keys, now, False)
 
     def _reserve(self: "Ledger", holder: Holder, ns: Namespace, keys: Sequence[bytes],
-                 now: float, track_writes: bool) -> ReserveResult:
+                 now: float, track_writes: bool, parent: Optional[bytes] = None) -> ReserveResult:
         keys = self.check_keys(keys, unique=True)
         tier = self.top
         statuses, new, present = self._sort_keys(ns, keys, tier)
@@ -61,13 +71,29 @@ class Saves:
         self._make_room(tier, needed, present)
         entries: list[Optional[Block]] = [None] * len(keys)
         for i in new:
-            entries[i] = self._file_block(ns, tier, BlockKey(bytes(keys[i])), now)
+            entries[i] = b = self._file_block(ns, tier, BlockKey(bytes(keys[i])), now)
+            link(b, ns.blocks[keys[i - 1]] if i else self._first_parent(ns, keys[0], parent))
         rid = ReservationId(self._next_reservation)
         self._next_reservation += 1
         written = [0] * len(keys) if track_writes else None
         self.reservations[rid] = Reservation(rid, holder, ns, entries, expires_at, written)
         holder.reservations.add(rid)
         return ReserveResult(rid, statuses, entries, expires_at)
+
+    @staticmethod
+    def _first_parent(ns: Namespace, key: bytes, parent: Optional[bytes]) -> Any:
+        """The block before `key` in its chain: the one named, or the one a
+        Match that stopped at `key` hit last; GONE when that left; None when
+        `key` starts a chain or nobody said."""
+        if parent is None:
+            hinted = ns.hints.pop(key, None)   # type: ignore[call-overload]
+            if hinted is None:
+                return None
+            parent = hinted.key
+        if not parent:
+            return None
+        b = ns.blocks.get(parent)  # type: ignore[call-overload]
+        return GONE if b is None else b
 
     @staticmethod
     def _sort_keys(ns: Namespace, keys: Sequence[bytes],

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from ..ids import TierName
 from .pages import PageAllocator
-from .policy import EvictionPolicy, make_policy
+from .chains import ChainPolicy
+from .policy import make_policy
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,8 @@ class Tier:
         self.name = spec.name
         self.page_bytes = spec.page_bytes
         self.pages = PageAllocator(spec.capacity_pages)
-        self.policy: EvictionPolicy = make_policy(policy)
+        # The configured order, leaves first and strays first (chains.py).
+        self.policy: ChainPolicy = ChainPolicy(make_policy(policy))
         self.evictable_pages = 0
         self.blocks = 0
         self.pending_blocks = 0

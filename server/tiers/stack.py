@@ -267,7 +267,7 @@ class TierStack:
         ns = b.ns
         book = self.ledger.lower[tier.name]
         try:
-            res = book.reserve(ns.id, b.key, ns.block_bytes)
+            res = book.reserve(ns.id, b.key, ns.block_bytes, b.hits)
         except ResourceExhausted:
             tier.flush_failures += 1
             if strict:
@@ -275,7 +275,7 @@ class TierStack:
             log.warning("%s tier full: block not persisted (write-back)", tier.name)
             return
         if res is None:
-            return  # already below, or being written
+            return  # already below, being written, or not admitted (a full book)
         for where in res.evicted:
             await tier.forget(where)
         try:

@@ -12,6 +12,7 @@ import pytest
 from kvkeeper.server import bench
 from kvkeeper.server.bench import checksum_bench, control_bench, data_bench, gc_bench, ledger_bench
 from kvkeeper.server.bench.result import Result, parse_target, percentile, render_table
+from kvkeeper.server.ledger.policy import POLICIES
 from kvkeeper.server.cli import main as cli_main
 
 KEYS = {"name", "group", "value", "unit", "baseline_name", "baseline_value", "ratio", "better",
@@ -52,18 +53,19 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> list:
 
 def test_ledger_quick(capsys: pytest.CaptureFixture[str]) -> None:
     items = run_cli(capsys, "ledger")
-    check_shape(items, "ledger", {
-        "ledger.match_ns_per_block.10k", "ledger.match_ns_per_block.100k",
-        "ledger.evict_ns_per_block.10k", "ledger.evict_ns_per_block.100k",
-        "ledger.evict_flatness.100k_vs_10k", "ledger.memory_bytes_per_block.100k"})
     by = {r["name"]: r for r in items}
-    assert by["ledger.evict_flatness.100k_vs_10k"]["target"] is not None
-    mem = by["ledger.memory_bytes_per_block.100k"]
-    assert mem["target_of"] == "value" and mem["unit"] == "B/block"
-    # The flatness result is the largest size's evict figure against the smallest's.
-    flat = by["ledger.evict_flatness.100k_vs_10k"]
-    assert flat["value"] == by["ledger.evict_ns_per_block.100k"]["value"]
-    assert "10k" in flat["baseline_name"]
+    for p in POLICIES:   # every figure for every policy
+        check_shape([r for r in items if r["params"]["policy"] == p], "ledger", {
+            f"ledger.match_ns_per_block.10k.{p}", f"ledger.match_ns_per_block.100k.{p}",
+            f"ledger.evict_ns_per_block.10k.{p}", f"ledger.evict_ns_per_block.100k.{p}",
+            f"ledger.evict_flatness.100k_vs_10k.{p}", f"ledger.memory_bytes_per_block.100k.{p}"})
+        assert by[f"ledger.evict_flatness.100k_vs_10k.{p}"]["target"] is not None
+        mem = by[f"ledger.memory_bytes_per_block.100k.{p}"]
+        assert mem["target_of"] == "value" and mem["unit"] == "B/block"
+        # The flatness result is the largest size's evict figure against the smallest's.
+        flat = by[f"ledger.evict_flatness.100k_vs_10k.{p}"]
+        assert flat["value"] == by[f"ledger.evict_ns_per_block.100k.{p}"]["value"]
+        assert "10k" in flat["baseline_name"]
 
 
 def test_control_quick(capsys: pytest.CaptureFixture[str]) -> None:
@@ -157,6 +159,7 @@ def test_usage_errors() -> None:
     assert bench.main([]) == 2
     assert bench.main(["--help"]) == 0
     assert bench.main(["data", "--model", "m.json"]) == 2, "--model is for ttft only"
+    assert bench.main(["data", "--trace", "t.jsonl"]) == 2, "--trace is for policy only"
 
 
 def test_result_math_and_table() -> None:
@@ -193,3 +196,37 @@ def test_scales_are_consistent() -> None:
         ds = data_bench.Scale.for_mode(quick)
         assert all(ds.move_bytes % b == 0 and b % data_bench.PAGE_BYTES == 0
                    for b in ds.block_sizes)
+
+
+def test_policy_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    """`bench policy --quick`: every policy on every mix at every capacity point,
+    against the optimum; the default policy carries the targets."""
+    from kvkeeper.server.bench import policy_bench
+    from kvkeeper.server.bench.policy_trace import MIXES
+    from kvkeeper.server.ledger.policy import DEFAULT_POLICY
+    items = run_cli(capsys, "policy")
+    labels = [f"{m}.{round(p * 100)}pct" for m in MIXES for p in policy_bench.POINTS]
+    expect = {f"policy.hit_ratio.{lb}.{p}" for lb in labels for p in POLICIES}
+    expect |= {f"policy.default_vs_lru.{lb}" for lb in labels}
+    check_shape(items, "policy", expect)
+    by = {r["name"]: r for r in items}
+    for lb in labels:
+        for p in POLICIES:
+            r = by[f"policy.hit_ratio.{lb}.{p}"]
+            assert 0 < r["value"] <= r["baseline_value"] + 1e-9 <= 1 + 1e-9   # never above optimum
+            assert (r["target"] is not None) == (p == DEFAULT_POLICY)
+            assert r["params"]["stranded_blocks_left"] == 0
+
+
+def test_policy_replays_a_recorded_trace(capsys: pytest.CaptureFixture[str],
+                                         tmp_path: "os.PathLike[str]") -> None:
+    from kvkeeper.server.bench.policy_trace import MIXES, generate, write_trace
+    path = os.path.join(str(tmp_path), "trace.jsonl")
+    write_trace(generate(MIXES["chat-heavy"].scaled(150), seed=5), path)
+    items = run_cli(capsys, "policy", "--trace", path)
+    assert {r["params"]["mix"] for r in items} == {"trace"}
+    assert {r["params"]["requests"] for r in items} == {150}
+    bad = os.path.join(str(tmp_path), "bad.jsonl")
+    with open(bad, "w") as fh:
+        fh.write("nope\n")
+    assert bench.main(["policy", "--trace", bad, "-q"]) == 2

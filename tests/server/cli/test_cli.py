@@ -46,7 +46,7 @@ def test_print_config_defaults(capsys, tmp_path):
     assert d["listen"]["socket"] == str(tmp_path / "kvkeeper.sock")
     assert d["listen"]["socket_mode"] == 0o660
     assert d["host_tier"]["capacity_bytes"] == GiB
-    assert d["ledger"]["eviction_policy"] == "lru"
+    assert d["ledger"]["eviction_policy"] == "s3fifo"
 
 
 def test_print_config_precedence(capsys, tmp_path, monkeypatch):

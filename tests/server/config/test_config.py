@@ -91,7 +91,7 @@ def test_defaults(tmp_path):
     assert (c.host_tier.shm_dir, c.host_tier.name) == ("/dev/shm", "")
     assert c.ledger == Config().ledger
     assert (c.ledger.eviction_policy, c.ledger.key_bytes, c.ledger.max_keys_per_call) == \
-        ("lru", 32, 4096)
+        ("s3fifo", 32, 4096)
     assert (c.ledger.lease_ttl_seconds, c.ledger.reservation_timeout_seconds) == (30.0, 60.0)
     assert (c.server.grace_seconds, c.server.max_message_bytes, c.server.log_level) == \
         (5.0, 64 * MiB, "info")

@@ -111,6 +111,6 @@ def _store_fixture() -> Callable[..., None]:
     return store
 
 
-@pytest.fixture(params=["lru", "hits-lru"])
+@pytest.fixture(params=["lru", "hits-lru", "s3fifo"])
 def policy(request: pytest.FixtureRequest) -> str:
     return request.param

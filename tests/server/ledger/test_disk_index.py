@@ -330,3 +330,37 @@ def test_check_invariants_catches_broken_bookkeeping(damage):
         ix.entries[(NS, key(7))] = ix.entries.pop(s.where)
     with pytest.raises(InvariantViolation):
         ix.check_invariants()
+
+
+# ------------------------------------------------------------------ admission
+def fill_book(policy: str, n: int = 3) -> DiskIndex:
+    d = DiskIndex(n * B, policy)
+    for i in range(n):
+        d.written(d.reserve(NS, key(i), B).entry)
+    return d
+
+
+def test_s3fifo_turns_a_cold_copy_away_from_a_full_book_once():
+    """A block never hit above (a one-off long document) does not displace a full
+    disk on its first arrival; when it comes again it does; a hit one at once."""
+    d = fill_book("s3fifo")
+    before = (sorted(d.entries), d.used_bytes, dict(d.evictions))
+    assert d.reserve(NS, key(10), B) is None and d.refused == 1
+    assert (sorted(d.entries), d.used_bytes, dict(d.evictions)) == before
+    again = d.reserve(NS, key(10), B)
+    assert again is not None and len(again.evicted) == 1
+    d.written(again.entry)
+    assert d.reserve(NS, key(11), B, hits=2) is not None
+    d.check_invariants()
+
+
+@pytest.mark.parametrize("policy", ["lru", "hits-lru"])
+def test_recency_policies_admit_every_copy(policy):
+    d = fill_book(policy)
+    r = d.reserve(NS, key(10), B)
+    assert r is not None and len(r.evicted) == 1 and d.refused == 0
+
+
+def test_a_book_with_room_admits_without_asking():
+    d = DiskIndex(4 * B, "s3fifo")
+    assert d.reserve(NS, key(1), B) is not None and d.refused == 0

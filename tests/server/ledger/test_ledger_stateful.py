@@ -11,6 +11,7 @@ the policy order.
 """
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from typing import Any, Optional
 
@@ -23,6 +24,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 from kvkeeper.server.errors import (FailedPrecondition, InvalidArgument, NotFound,
                                     ResourceExhausted)
 from kvkeeper.server.ids import HOST, Identity
+from kvkeeper.server.ledger.chains import stranded
 from kvkeeper.server.ledger import (BlockState, Ledger, LedgerConfig, NamespaceDescriptor,
                                     SlotStatus, TierSpec)
 
@@ -318,11 +320,39 @@ class LedgerMachine(RuleBasedStateMachine):
         self.do_reserve(sid, KEYS[:n], then_commit=True)
         self.do_match(self.as_owner(sid), KEYS[:n], lease=True)
 
-    def do_reserve(self, sid, keys, then_commit):
+    @precondition(lambda self: self.sess)
+    @rule(data=st.data(), n=st.integers(1, 5), name_parent=st.booleans())
+    def lookup_save_release_commit(self, data, n, name_parent):
+        """The connector's usual order: look a chain up leasing the hit, save the
+        rest (naming its parent, or leaving that to the lookup), release the lease,
+        and only then commit: no block may be left stranded by it."""
+        sid = self.as_owner(data.draw(st.sampled_from(sorted(self.sess)), label="sid"))
+        before = set(self.leases)
+        self.do_match(sid, KEYS[:n], True)
+        if sid not in self.sess:
+            return
+        lids = sorted(set(self.leases) - before)
+        h = len(self.leases[lids[0]][2]) if lids else 0
+        res_before = set(self.res)
+        if h < n:
+            parent = (KEYS[h - 1] if h else b"") if name_parent else None
+            self.do_reserve(self.as_owner(sid), KEYS[h:n], then_commit=False, parent=parent)
+        if sid not in self.sess:
+            return
+        for lid in lids:
+            self.as_owner(sid)
+            self.led.release(sid, lid, self.now, owner=self.who)
+            self.renew(sid)
+            self.leases.pop(lid)
+            self.old_leases[lid] = sid
+        for rid in sorted(set(self.res) - res_before):
+            self.close_reservation(rid, self.as_owner(sid), commit=True)
+
+    def do_reserve(self, sid, keys, then_commit, parent=None):
         err = self.gate(sid)
         if err:
             with pytest.raises(err):
-                self.led.reserve(sid, keys, self.now, owner=self.who)
+                self.led.reserve(sid, keys, self.now, owner=self.who, parent=parent)
             return
         n = self.sess[sid][0]
         leased = self.leased()
@@ -346,13 +376,18 @@ class LedgerMachine(RuleBasedStateMachine):
             event("reserve: resource exhausted")
             before = (self.present(), tier.free_pages, tier.evictable_pages, dict(tier.evictions))
             with pytest.raises(ResourceExhausted):
-                self.led.reserve(sid, keys, self.now, owner=self.who)
+                self.led.reserve(sid, keys, self.now, owner=self.who, parent=parent)
             after = (self.present(), tier.free_pages, tier.evictable_pages, dict(tier.evictions))
             assert after == before               # nothing reserved, nothing evicted
             return
-        order = [(self.ns_index(bytes(b.ns.id)), bytes(b.key)) for b in tier.policy]
+        # The order reserve evicts in: the policy's with the PRESENT blocks taken
+        # out (as reserve does), read off a copy so this ledger is not touched.
+        twin = copy.deepcopy(self.led)
+        for m, k in protected:
+            twin.top.policy.remove(twin.block(self.ns_ids[m], k))
+        order = [(self.ns_index(bytes(b.ns.id)), bytes(b.key)) for b in twin.top.policy]
         free_before = tier.free_pages
-        r = self.led.reserve(sid, keys, self.now, owner=self.who)
+        r = self.led.reserve(sid, keys, self.now, owner=self.who, parent=parent)
         self.renew(sid)
         assert r.statuses == statuses
         if not new:
@@ -366,7 +401,7 @@ class LedgerMachine(RuleBasedStateMachine):
         evicted = {(m, k) for m in (0, 1) for k in self.committed[m] if k not in present[m]}
         assert not any(leased[x] for x in evicted), "a leased block was evicted"
         assert not evicted & protected, "a block reported PRESENT was evicted"
-        candidates = [x for x in order if x not in protected]
+        candidates = order
         assert evicted == set(candidates[:len(evicted)]), "victims are not the policy's order"
         freed = sum(PPB[m] for m, _ in evicted)
         assert free_before + freed >= needed
@@ -456,6 +491,9 @@ class LedgerMachine(RuleBasedStateMachine):
     def books_balance(self):
         led, tier = self.led, self.led.top
         led.check_invariants()
+        # No stranded block (its chain lost a block) is evicted after one that is not.
+        flags = [stranded(b) for b in tier.policy]
+        assert flags == sorted(flags, reverse=True), "a stranded block is not evicted first"
         used = sum(PPB[n] * (len(self.committed[n]) + len(self.pending[n])) for n in (0, 1))
         assert tier.used_pages == used
         assert tier.free_pages == CAP - used >= 0
@@ -493,6 +531,10 @@ class HitsLRULedgerMachine(LedgerMachine):
     policy = "hits-lru"
 
 
+class S3FIFOLedgerMachine(LedgerMachine):
+    policy = "s3fifo"
+
+
 SETTINGS = settings(max_examples=150, stateful_step_count=30, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
@@ -500,3 +542,5 @@ TestLedgerStatefulLRU = LedgerMachine.TestCase
 TestLedgerStatefulLRU.settings = SETTINGS
 TestLedgerStatefulHitsLRU = HitsLRULedgerMachine.TestCase
 TestLedgerStatefulHitsLRU.settings = SETTINGS
+TestLedgerStatefulS3FIFO = S3FIFOLedgerMachine.TestCase
+TestLedgerStatefulS3FIFO.settings = SETTINGS

@@ -169,7 +169,7 @@ def refused(fn: Callable[[], Any]) -> None:
     raise AssertionError("expected a ClientError")
 
 
-@pytest.mark.parametrize("policy", ["lru", "hits-lru"])
+@pytest.mark.parametrize("policy", ["lru", "hits-lru", "s3fifo"])
 def test_ledger_operations_leave_no_cyclic_garbage(policy: str) -> None:
     """Everything the request path does to the ledger is freed by reference
     counting alone: with the GC off, a collection afterwards finds nothing."""

@@ -1,0 +1,202 @@
+"""S3-FIFO (Yang et al., SOSP 2023) over evictable blocks, with a ghost table.
+
+Three queues: small (S, probation, a share of the evictable blocks), main
+(M) and ghosts of keys recently evicted from S (G) and from M (GM). A new
+block enters S, or M when its key is in G or GM (it was evicted too early:
+it came back). S's share adapts as ARC's target does: a G hit grows it, a
+GM hit and each unhit block S lets go shrink it (see the class constants). A hit only
+counts: a 2-bit frequency, capped at 3; nothing moves, so a hit is O(1) and
+touches no list. Eviction, while S holds at least its share, takes S's front:
+hit while in S -> moved to M (frequency reset); not -> evicted, its key into
+G. Otherwise M's front: frequency > 0 -> reinserted at M's back with the
+frequency one lower (so frequency decays: a block must keep being hit to
+stay), else evicted. Each reinsertion lowers a bounded count, so pop() is
+O(1) amortised.
+
+Why it fits LLM traffic: the one-off blocks (unique tails, decode blocks of
+requests that end, long documents read once) pass through S and leave
+without displacing M, where the re-read prefixes (system prompts, shared
+documents, conversations' history) live. That probation is the host tier's
+admission rule for cold blocks; admits() is the disk book's (a cold key, never
+hit and not in G, does not displace a full disk on its first arrival: it is
+remembered in G and admitted when it comes again).
+
+A ghost is a table of 1-byte fingerprints indexed by the key's hash, about
+four slots per evictable block (grown by doubling, which forgets it): a new
+fingerprint overwrites whatever shared its slot, so old ghosts age out at
+random, holding a few times as many keys as the cache. 8-16 bytes per block
+for both; a false positive (1/255 per occupied slot) only sends a block to M.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from .freelist import FreeList
+from .recency import FREQ, MAX_FREQ, Q1, Q2, QUEUE, EvictionPolicy
+
+SMALL, MAIN = Q1, Q2
+
+
+class Ghost:
+    """A bounded, forgetful set of key hashes (see the module docstring)."""
+
+    __slots__ = ("_table", "_mask")
+
+    def __init__(self, slots: int = 1024) -> None:
+        self._table = bytearray(slots)
+        self._mask = slots - 1
+
+    @staticmethod
+    def _fp(h: int) -> int:
+        return ((h >> 40) & 0xFF) | 1
+
+    def fit(self, blocks: int) -> None:
+        """Hold about two slots per block of a cache of `blocks`."""
+        if 2 * blocks > len(self._table):
+            n = len(self._table)
+            while n < 2 * blocks:
+                n *= 2
+            self._table = bytearray(n)
+            self._mask = n - 1
+
+    def put(self, key: Any) -> None:
+        h = hash(key)
+        self._table[h & self._mask] = self._fp(h)
+
+    def __contains__(self, key: Any) -> bool:
+        h = hash(key)
+        return self._table[h & self._mask] == self._fp(h)
+
+    def take(self, key: Any) -> bool:
+        """Whether `key` is a ghost; it stops being one."""
+        h = hash(key)
+        i = h & self._mask
+        if self._table[i] == self._fp(h):
+            self._table[i] = 0
+            return True
+        return False
+
+
+def _key(node: Any) -> Any:
+    # Blocks are keyed by their key (a namespace's), disk entries by where they are.
+    return node.key
+
+
+class S3FIFOPolicy(EvictionPolicy):
+    name = "s3fifo"
+    # Probation's share of the evictable blocks, where it starts (the paper
+    # fixes 10%; fixed shares of 0-20% and these steps were measured on the
+    # policy benchmark's mixes, README "Eviction policies").
+    SMALL_SHARE = 0.05
+    MIN_SHARE, MAX_SHARE = 0.01, 0.9
+    # ARC's adaptation of its target: a key probation let go came back (its
+    # ghost hit): probation is too small, +GROW; a key main let go came back:
+    # main is too small, -SHRINK_M; each block probation lets go unhit (what
+    # it is for: scans, one-off tails), -SHRINK.
+    GROW, SHRINK, SHRINK_M = 0.01, 0.001, 0.02
+    # Ghost slots per evictable block in each of the two ghost tables: 4, so
+    # a conversation's next turn (tens of requests later, behind scans) still
+    # finds its ghost.
+    GHOST_SLOTS = 4
+
+    def __init__(self, key: Any = _key) -> None:
+        self._small = FreeList()
+        self._main = FreeList()
+        self.ghost = Ghost()
+        self.main_ghost = Ghost()
+        self._key = key
+        self._peak = 0
+        # Probation's share, adapted as ARC adapts its target: a ghost hit (a
+        # block probation let go too early came back) grows it by GROW, a block
+        # probation lets go unhit shrinks it by SHRINK, within [MIN, MAX].
+        self.share = self.SMALL_SHARE
+
+    def add(self, block: Any) -> None:
+        q = block.pq & QUEUE
+        if not q:    # new: probation, unless it was evicted from probation lately
+            q = SMALL
+            k = self._key(block)
+            if self.ghost.take(k):
+                q = MAIN
+                self.share = min(self.MAX_SHARE, self.share + self.GROW)
+            elif self.main_ghost.take(k):
+                q = MAIN
+                self.share = max(self.MIN_SHARE, self.share - self.SHRINK_M)
+            block.pq = (block.pq & ~(QUEUE | FREQ)) | q
+        (self._main if q == MAIN else self._small).append(block)
+        n = len(self._small) + len(self._main)
+        if n > self._peak:
+            self._peak = n
+            self.ghost.fit(n * self.GHOST_SLOTS // 2)   # fit() keeps 2 per block
+            self.main_ghost.fit(n * self.GHOST_SLOTS // 2)
+
+    def remove(self, block: Any) -> None:
+        (self._main if block.pq & QUEUE == MAIN else self._small).remove(block)
+
+    def hit(self, block: Any) -> None:
+        block.hits += 1
+        if block.pq & FREQ < MAX_FREQ:
+            block.pq += 1
+
+    @staticmethod
+    def _take_small(s: int, m: int, share: float) -> bool:
+        return s > 0 and (m == 0 or s >= share * (s + m))
+
+    def pop(self) -> Any:
+        small, main = self._small, self._main
+        while True:
+            s, m = len(small), len(main)
+            if not s and not m:
+                return None
+            if self._take_small(s, m, self.share):
+                b = small.popleft()
+                if b.pq & FREQ:          # hit while on probation: keep it
+                    b.pq = (b.pq & ~(QUEUE | FREQ)) | MAIN
+                    main.append(b)
+                    continue
+                self.ghost.put(self._key(b))
+                self.share = max(self.MIN_SHARE, self.share - self.SHRINK)
+                return b
+            b = main.popleft()
+            if b.pq & FREQ:              # reinserted, one hit the poorer
+                b.pq -= 1
+                main.append(b)
+                continue
+            self.main_ghost.put(self._key(b))
+            return b
+
+    def admits(self, node: Any, key: Any, hits: int) -> bool:
+        if hits or self.ghost.take(key):
+            return True
+        self.ghost.put(key)
+        return False
+
+    def __len__(self) -> int:
+        return len(self._small) + len(self._main)
+
+    def __iter__(self) -> Iterator[Any]:
+        """pop()'s order, simulated on copies (frequencies and queues as they
+        would change); the ghost does not change the order."""
+        small = [[b, b.pq & FREQ] for b in self._small]
+        main = [[b, b.pq & FREQ] for b in self._main]
+        si = mi = 0
+        share = self.share
+        while True:
+            s, m = len(small) - si, len(main) - mi
+            if not s and not m:
+                return
+            if self._take_small(s, m, share):
+                b, f = small[si]
+                si += 1
+                if f:
+                    main.append([b, 0])
+                    continue
+                share = max(self.MIN_SHARE, share - self.SHRINK)
+                yield b
+                continue
+            entry = main[mi]
+            mi += 1
+            if entry[1]:
+                main.append([entry[0], entry[1] - 1])
+                continue
+            yield entry[0]

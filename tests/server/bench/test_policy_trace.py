@@ -1,0 +1,78 @@
+"""The policy benchmark's traces (server/bench/policy_trace.py): seeded, chained,
+shaped by the mix; the file format round-trips and bad files are refused."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvkeeper.server.bench.policy_trace import (MIXES, Request, TraceError, generate, read_trace,
+                                               reread_working_set, write_trace)
+
+
+def test_three_named_mixes_and_a_seeded_generator():
+    assert {"chat-heavy", "rag-heavy", "scan-heavy"} <= set(MIXES)
+    mix = MIXES["chat-heavy"].scaled(200)
+    a, b = generate(mix, seed=3), generate(mix, seed=3)
+    assert a == b and len(a) == 200
+    assert generate(mix, seed=4) != a
+
+
+@pytest.mark.parametrize("name", sorted(MIXES))
+def test_requests_are_chains_with_shared_prefixes(name):
+    reqs = generate(MIXES[name].scaled(300), seed=1)
+    for r in reqs:
+        assert 0 < r.prompt_blocks < len(r.keys)          # decode blocks follow the prompt
+        assert len(set(r.keys)) == len(r.keys) and {len(k) for k in r.keys} == {32}
+    # Every request starts with one of the system prompts: shared first keys.
+    firsts = {r.keys[0] for r in reqs}
+    assert len(firsts) <= MIXES[name].system_prompts
+    assert 0 < reread_working_set(reqs) < len({k for r in reqs for k in r.keys})
+
+
+def test_a_conversation_turn_extends_the_previous_turn_whole():
+    reqs = generate(MIXES["chat-heavy"].scaled(300), seed=1)
+    by_chain = {r.keys: r for r in reqs}
+    extended = sum(1 for r in reqs for other in by_chain
+                   if len(other) < r.prompt_blocks and r.keys[:len(other)] == other)
+    assert extended > 20       # answers included: the next prompt starts with the whole chain
+
+
+def test_scan_heavy_reads_more_one_off_blocks_than_chat_heavy():
+    def one_off_share(name):
+        reqs = generate(MIXES[name].scaled(400), seed=1)
+        looked = sum(r.prompt_blocks for r in reqs)
+        return 1 - reread_working_set(reqs) / looked
+    assert one_off_share("scan-heavy") > one_off_share("chat-heavy")
+
+
+def test_the_file_format_round_trips(tmp_path):
+    reqs = generate(MIXES["rag-heavy"].scaled(50), seed=2)
+    path = str(tmp_path / "t.jsonl")
+    write_trace(reqs, path)
+    first = json.loads(open(path).readline())
+    assert set(first) == {"keys", "prompt_blocks"} and isinstance(first["keys"][0], str)
+    assert read_trace(path) == reqs
+
+
+@pytest.mark.parametrize("line, why", [
+    ("not json", "not a request line"),
+    ('{"keys": ["00ff"]}', "not a request line"),
+    ('{"keys": ["zz"], "prompt_blocks": 1}', "not a request line"),
+    ('{"keys": ["00ff"], "prompt_blocks": 2}', "must be in 1..1"),
+    ('{"keys": ["00ff", "00"], "prompt_blocks": 1}', "different lengths"),
+])
+def test_a_bad_trace_names_its_line(tmp_path, line, why):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"keys": ["00ff"], "prompt_blocks": 1}\n' + line + "\n")
+    with pytest.raises(TraceError, match=why) as info:
+        read_trace(str(path))
+    assert ":2:" in str(info.value)
+    empty = tmp_path / "e.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(TraceError, match="no requests"):
+        read_trace(str(empty))
+
+
+def test_request_is_a_plain_record():
+    assert Request((b"a",), 1) == Request((b"a",), 1)

@@ -1,0 +1,156 @@
+"""Chain order (server/ledger/chains.py) through the ledger, for every policy:
+leaves before their parents, stranded blocks first, links kept both ways."""
+from __future__ import annotations
+
+import pytest
+
+from kvkeeper.server.errors import InvalidArgument
+from kvkeeper.server.ledger.chains import GONE, children, stranded
+
+
+def chain_keys(key, start, n):
+    return [key(i) for i in range(start, start + n)]
+
+
+def order(led):
+    return [b.key for b in led.top.policy]
+
+
+def test_a_reserve_links_each_key_to_the_one_before(make_ledger, descriptor, key, store, policy):
+    led = make_ledger(8, policy=policy)
+    s = led.register_session("i", descriptor(), 0.0)
+    ks = chain_keys(key, 0, 4)
+    store(led, s.id, ks)
+    blocks = [led.block(s.ns.id, k) for k in ks]
+    assert blocks[0].parent is None
+    assert [b.parent for b in blocks[1:]] == blocks[:3]
+    assert [children(b) for b in blocks] == [[blocks[1]], [blocks[2]], [blocks[3]], []]
+    led.check_invariants()
+
+
+def test_a_parent_is_not_evicted_before_its_cached_children(make_ledger, descriptor, key,
+                                                             store, policy):
+    """A conversation's next turn (children) saved after its first (parents): the
+    first turn is older, yet the policy takes the second turn's leaves first."""
+    led = make_ledger(8, policy=policy)
+    s = led.register_session("i", descriptor(), 0.0)
+    turn1 = chain_keys(key, 0, 3)
+    store(led, s.id, turn1, 1.0)
+    turn2 = chain_keys(key, 3, 3)
+    r = led.reserve(s.id, turn2, 2.0, parent=turn1[-1])
+    led.commit(s.id, r.reservation_id, 2.0)
+    listed = order(led)
+    for i, k in enumerate(listed):          # every block after all its descendants
+        b = led.block(s.ns.id, k)
+        assert all(c.key in listed[:i] for c in children(b))
+    store(led, s.id, chain_keys(key, 100, 4), 3.0)     # evicts 2 of the 6
+    held = set(led.namespaces[s.ns.id].blocks)
+    for k in held:
+        b = led.block(s.ns.id, k)
+        assert not stranded(b) and (b.parent is None or b.parent.key in held)
+    led.check_invariants()
+
+
+def test_release_before_commit_leaves_no_block_stranded(make_ledger, descriptor, key, store,
+                                                        policy):
+    """The connector's order: lease the hit, reserve the rest, release, commit.
+    Pressure in between evicts the hit's tail; the new blocks are stranded the
+    moment they commit, and go first."""
+    led = make_ledger(6, policy=policy)
+    s = led.register_session("i", descriptor(), 0.0)
+    prefix = chain_keys(key, 0, 3)
+    store(led, s.id, prefix, 1.0)
+    m = led.match(s.id, prefix + [key(3)], lease=True, now=2.0)
+    assert m.matched == 3
+    r = led.reserve(s.id, [key(3)], 2.0)            # parent from the Match's hint
+    assert led.block(s.ns.id, key(3)).parent is led.block(s.ns.id, prefix[-1])
+    led.release(s.id, m.lease_id, 2.5)
+    store(led, s.id, chain_keys(key, 50, 4), 3.0)   # needs 2 of the prefix's pages
+    led.check_invariants()
+    assert led.block(s.ns.id, prefix[-1]) is None   # the leaf of what was evictable
+    led.commit(s.id, r.reservation_id, 4.0)
+    orphan = led.block(s.ns.id, key(3))
+    assert orphan.parent is GONE and stranded(orphan)
+    assert order(led)[0] == key(3)                   # reclaimed first
+    led.check_invariants()
+    store(led, s.id, [key(200)], 5.0)
+    assert led.block(s.ns.id, key(3)) is None
+    led.check_invariants()
+
+
+def test_discarding_a_parent_strands_its_subtree_first(make_ledger, descriptor, key, store,
+                                                       policy):
+    led = make_ledger(8, policy=policy)
+    s = led.register_session("i", descriptor(), 0.0)
+    ks = chain_keys(key, 0, 5)
+    store(led, s.id, ks, 1.0)
+    store(led, s.id, [key(9)], 1.5)                 # unrelated
+    m = led.match(s.id, ks[:2], lease=True, now=2.0)
+    led.release(s.id, m.lease_id, 2.0, discard_indices=[1])
+    assert led.block(s.ns.id, ks[1]) is None
+    strays = [led.block(s.ns.id, k) for k in ks[2:]]
+    assert all(stranded(b) for b in strays)
+    assert set(order(led)[:3]) == set(ks[2:])       # before the unrelated and the root
+    led.check_invariants()
+
+
+def test_a_save_names_its_parent_or_its_chain_start(make_ledger, descriptor, key, store,
+                                                    snapshot, policy):
+    led = make_ledger(8, policy=policy)
+    s = led.register_session("i", descriptor(), 0.0)
+    store(led, s.id, [key(0)])
+    r = led.reserve(s.id, [key(1)], 1.0, parent=key(0))
+    assert led.block(s.ns.id, key(1)).parent is led.block(s.ns.id, key(0))
+    led.commit(s.id, r.reservation_id, 1.0)
+    r = led.reserve(s.id, [key(7)], 1.0, parent=key(6))   # its parent is not cached
+    led.commit(s.id, r.reservation_id, 1.0)
+    assert led.block(s.ns.id, key(7)).parent is GONE and order(led)[0] == key(7)
+    r = led.reserve(s.id, [key(8)], 1.0, parent=b"")      # a chain's first block
+    assert led.block(s.ns.id, key(8)).parent is None
+    led.check_invariants()
+    before = snapshot(led)
+    with pytest.raises(InvalidArgument, match="parent key has 3 bytes"):
+        led.reserve(s.id, [key(20)], 2.0, parent=b"abc")
+    with pytest.raises(InvalidArgument, match="one of the keys"):
+        led.reserve(s.id, [key(20), key(21)], 2.0, parent=key(21))
+    assert snapshot(led) == before
+
+
+def test_a_hit_on_a_parked_parent_puts_it_back_in_the_order(make_ledger, descriptor, key,
+                                                            store, policy):
+    led = make_ledger(4, policy=policy)
+    s = led.register_session("i", descriptor(), 0.0)
+    store(led, s.id, [key(0)], 1.0)
+    r = led.reserve(s.id, [key(1)], 1.0, parent=key(0))   # a pending child
+    store(led, s.id, [key(5)], 2.0)
+    store(led, s.id, [key(6)], 2.0)    # full: next save evicts, key(0) is parked
+    store(led, s.id, [key(7)], 3.0)
+    parent = led.block(s.ns.id, key(0))
+    assert parent is not None, "a parent with a pending child was evicted first"
+    assert parent in list(led.top.policy.parked)
+    led.match(s.id, [key(0)], lease=False, now=4.0)
+    assert parent not in list(led.top.policy.parked)
+    led.commit(s.id, r.reservation_id, 4.0)
+    led.check_invariants()
+
+
+def test_only_ancestors_of_pinned_blocks_left_evicts_a_parked_one(make_ledger, descriptor, key,
+                                                                  store, policy):
+    """Forced: every evictable block has a pinned child. A parked one goes; its
+    pinned child, stranded, goes first once released."""
+    led = make_ledger(3, policy=policy)
+    s = led.register_session("i", descriptor(), 0.0)
+    ks = chain_keys(key, 0, 2)
+    store(led, s.id, ks, 1.0)
+    m = led.match(s.id, ks, lease=True, now=2.0)
+    led.narrow(s.id, m.lease_id, 1, 1, 2.0)      # keeps the child, unpins the root
+    store(led, s.id, [key(10)], 3.0)             # the free page
+    store(led, s.id, [key(11)], 3.0)             # evicts key(10), a leaf: not the root
+    assert led.block(s.ns.id, ks[0]) is not None
+    m2 = led.match(s.id, [key(11)], lease=True, now=3.5)
+    store(led, s.id, [key(12)], 4.0)             # only the parked root is left
+    assert led.block(s.ns.id, ks[0]) is None
+    led.release(s.id, m.lease_id, 5.0)
+    led.release(s.id, m2.lease_id, 5.0)
+    assert stranded(led.block(s.ns.id, ks[1])) and order(led)[0] == ks[1]
+    led.check_invariants()
