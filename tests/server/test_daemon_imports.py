@@ -70,10 +70,11 @@ def test_the_daemons_dependencies_leave_vllm_and_torch_to_the_extra() -> None:
 
 
 def test_the_vllm_benchmarks_live_with_the_connector() -> None:
-    assert set(registry.EXTRA_BENCHES) == {"ttft", "stream-hit"}
+    assert set(registry.EXTRA_BENCHES) == {"ttft", "stream-hit", "gpu"}
     for module in registry.EXTRA_BENCH_MODULES.values():
-        assert module.startswith("kvkeeper.connector.bench."), module
-        path = ROOT / "connector" / "bench" / (module.rsplit(".", 1)[1] + ".py")
+        # the vLLM benches under connector/bench/, the CUDA one with the CUDA code
+        assert module.startswith(("kvkeeper.connector.bench.", "kvkeeper.connector.gpu.")), module
+        path = ROOT.joinpath(*module.split(".")[1:-1], module.rsplit(".", 1)[1] + ".py")
         assert path.is_file(), path
     assert not set(registry.EXTRA_BENCHES) & set(registry.BENCHES)
 
