@@ -15,7 +15,6 @@ from typing import Any, Callable
 
 import pytest
 
-from conftest import make_config
 from kvkeeper.client import AsyncClient
 from kvkeeper.server.app import create_server
 
@@ -93,8 +92,8 @@ async def test_a_session_the_daemon_ended_is_registered_again_from_the_watch(dae
         await c.close()
 
 
-async def test_a_restarted_daemon_gets_the_session_back_without_a_call(sockdir: str) -> None:
-    config = make_config(sockdir)
+async def test_a_restarted_daemon_gets_the_session_back_without_a_call(daemon_config: Any) -> None:
+    config = daemon_config()
     first, _ = create_server(config)
     await first.start()
     c = await AsyncClient.connect(f"unix://{config.listen.socket}", NS)
@@ -102,7 +101,7 @@ async def test_a_restarted_daemon_gets_the_session_back_without_a_call(sockdir: 
         old = c.session_id
         await until(lambda: watched(first, old), "the client never watched")
         await first.stop(0)
-        second, _ = create_server(make_config(sockdir))
+        second, _ = create_server(daemon_config())   # the same socket, a new arena
         await second.start()
         try:
             back = await until(lambda: len(second.ledger.sessions) == 1 and
