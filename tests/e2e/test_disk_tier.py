@@ -281,7 +281,9 @@ def test_kill_9_during_a_storm_of_saves_loses_nothing_acknowledged(tmp_path: Pat
         while not sock.exists():
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.05)
-        c = Client.connect(f"unix://{sock}", ns(), max_retries=0, timeout=2)
+        # The socket exists from bind on; under load the first answer can take
+        # seconds, so register with a generous deadline (the kill is what's tested).
+        c = Client.connect(f"unix://{sock}", ns(), max_retries=0, timeout=15)
         rng = random.Random(1)
         kill_at = time.monotonic() + 1.5
         i = 0
