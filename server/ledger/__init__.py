@@ -6,6 +6,8 @@ of every tier (pages for the host arena, bytes for the tiers below).
     lower.py       the lower tiers' books, the daemon's own pins (part of the Ledger)
     tier.py        a page tier's book; disk_index.py a byte tier's book
     room.py        the one eviction loop and the eviction reasons
+    policy.py      the eviction policies by name (recency.py, s3fifo.py)
+    chains.py      chain order over any policy: leaves first, stranded first
     books.py       a block's pins, eviction and removal in its page tier
     views.py       every book in one shape (Stats, metrics, admin)
     invariants.py  what must hold between calls

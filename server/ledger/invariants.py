@@ -66,7 +66,7 @@ def _check_chains(ns) -> None:  # type: ignore[no-untyped-def]
         if p is not None and p is not GONE:
             if ns.blocks.get(p.key) is not p:
                 _bad(f"{b.label()} links to a parent that left the ledger")
-            if b not in children(p):
+            if b is not p.child and b not in ns.more_kids.get(p, ()):
                 _bad(f"{b.label()} is not among its parent's children")
         for c in children(b):
             if c.parent is not b or ns.blocks.get(c.key) is not c:

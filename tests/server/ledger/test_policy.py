@@ -1,36 +1,17 @@
-"""Eviction policies (server/ledger/policy.py, recency.py, s3fifo.py): one
-contract every named policy passes, then what each one is for."""
+"""The eviction policies' registry (server/ledger/policy.py) and the one
+contract every named policy passes (what each is for: test_recency.py,
+test_s3fifo.py)."""
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvkeeper.server.ledger.policy import (DEFAULT_POLICY, POLICIES, EvictionPolicy,
-                                           HitsLRUPolicy, LRUPolicy, S3FIFOPolicy, make_policy)
-from kvkeeper.server.ledger.s3fifo import Ghost
+from policy_helpers import Blk, drain
+from kvkeeper.server.ledger.policy import (DEFAULT_POLICY, POLICIES, HitsLRUPolicy, LRUPolicy,
+                                           S3FIFOPolicy, make_policy)
 
 NAMES = sorted(POLICIES)
-
-
-class Blk:
-    __slots__ = ("name", "key", "hits", "prev", "next", "pq")
-
-    def __init__(self, name: str, hits: int = 0) -> None:
-        self.name, self.hits = name, hits
-        self.key = name.encode()
-        self.prev = self.next = None
-        self.pq = 0
-
-    def __repr__(self) -> str:
-        return f"Blk({self.name}, hits={self.hits})"
-
-
-def drain(p: EvictionPolicy) -> list[str]:
-    out = []
-    while (b := p.pop()) is not None:
-        out.append(b.name)
-    return out
 
 
 # ------------------------------------------------------------------ registry
@@ -133,17 +114,7 @@ def test_a_removed_block_comes_back_where_its_policy_puts_it(name):
     assert sorted(drain(p)) == list("abcd")
 
 
-# ------------------------------------------------------------------ what each is for
-def test_lru_evicts_in_the_order_blocks_became_evictable_hits_refresh():
-    p = LRUPolicy()
-    blocks = [Blk(n) for n in "abcd"]
-    for b in blocks:
-        p.add(b)
-    p.hit(blocks[1])
-    assert [b.name for b in p] == list("acdb")
-    assert drain(p) == list("acdb")
-
-
+# ------------------------------------------------------------------ frequency-aware ones
 @pytest.mark.parametrize("name", ["hits-lru", "s3fifo"])
 def test_a_scan_does_not_flush_blocks_that_are_hit(name):
     """One-off blocks (a long document read once) pass through probation; the
@@ -193,76 +164,3 @@ def test_hits_decay_old_hits_do_not_hold_a_block_for_good(name):
                 gone = True
                 break
     assert gone
-
-
-def test_hits_lru_keeps_its_protected_segment_bounded():
-    p = HitsLRUPolicy()
-    blocks = [Blk(str(i)) for i in range(10)]
-    for b in blocks:
-        p.add(b)
-        p.hit(b)               # every block hit: protected can hold only 80%
-    order = [b.name for b in p]
-    assert order[:2] == ["0", "1"]       # the oldest hits fell back to probation
-    assert drain(p) == order
-
-
-def test_s3fifo_a_key_evicted_from_probation_returns_to_main():
-    p = S3FIFOPolicy()
-    first = Blk("k")
-    p.add(first)
-    assert p.pop() is first    # evicted unhit from probation: its key is a ghost now
-    again = Blk("k")           # saved again under the same key
-    others = [Blk(str(i)) for i in range(20)]
-    for b in others:
-        p.add(b)
-    p.add(again)
-    order = [b.name for b in p]
-    assert order[-1] == "k" and drain(p) == order   # main: after all of probation
-
-
-def test_s3fifo_admission_turns_a_cold_key_away_once():
-    p = S3FIFOPolicy()
-    assert not p.admits(None, b"cold", 0)    # first sight: remembered, not admitted
-    assert p.admits(None, b"cold", 0)        # it came again
-    assert p.admits(None, b"hot", 2)         # hit above: admitted at once
-    assert LRUPolicy().admits(None, b"cold", 0)
-
-
-def test_ghost_remembers_forgets_and_grows():
-    g = Ghost(16)
-    g.put(b"a")
-    assert b"a" in g and g.take(b"a") and not g.take(b"a")
-    g.put(b"b")
-    g.fit(64)                  # grown: forgotten, and larger
-    assert b"b" not in g and len(g._table) >= 128
-
-
-def test_s3fifo_probation_grows_on_its_ghosts_and_shrinks_on_main_s():
-    p = S3FIFOPolicy()
-    start = p.share
-    for i in range(30):                 # evicted unhit from probation, then back
-        b = Blk(f"k{i}")
-        p.add(b)
-        assert p.pop() is b
-        p.add(Blk(f"k{i}"))
-        drain(p)
-    grown = p.share
-    assert grown > start
-    p.main_ghost.put(b"m")
-    m = Blk("m")
-    p.add(m)                             # came back from main's ghost: to main, share down
-    assert p.share < grown and m.pq & 0xC == 0x8
-
-
-@settings(max_examples=60, deadline=None)
-@given(n=st.integers(20, 200), hit_every=st.integers(2, 7))
-def test_s3fifo_long_drains_follow_the_listed_order(n, hit_every):
-    """The share moves with every eviction: iteration simulates that too."""
-    p = S3FIFOPolicy()
-    blocks = [Blk(str(i)) for i in range(n)]
-    for i, b in enumerate(blocks):
-        p.add(b)
-        if i % hit_every == 0:
-            p.hit(b)
-    listed = [b.name for b in p]
-    assert drain(p) == listed
