@@ -251,7 +251,11 @@ class Client:
             raise from_rpc_error(e, "LoadStream") from e
         except StopIteration:
             raise protocol_error("a keyed LoadStream ended before naming its lease") from None
-        check_head(head)
+        try:
+            check_head(head)
+        except BaseException:
+            call.cancel()
+            raise
         if not head.lease_id:
             call.cancel()
             return KeyedStream(0, head.matched, iter(()))

@@ -51,3 +51,15 @@ def test_a_packed_chunk_beyond_the_callers_buffers_is_refused() -> None:
     cov = Coverage(1, BB, max_blocks=2)
     with pytest.raises(ValueError, match="more blocks than the 2 buffers"):
         cov.take(_packed(1, b"x" * (2 * BB), [1, 2]))
+
+
+def test_a_keyed_streams_head_must_name_its_lease_and_carry_no_block() -> None:
+    from kvkeeper.client.stream import check_head
+    from kvkeeper.client.wire import encode_stream_head
+
+    check_head(parse_block_chunk(encode_stream_head(7, 3)))
+    check_head(parse_block_chunk(encode_stream_head(0, 0)))   # nothing matched
+    for bad in (encode_block_chunk(0, 0, [b"x" * BB], 2, 5),   # a block where the head goes
+                encode_stream_head(0, 3)):                      # matched, but no lease
+        with pytest.raises(KVKeeperClientError, match="instead of naming its lease"):
+            check_head(parse_block_chunk(bad))
