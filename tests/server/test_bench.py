@@ -90,7 +90,8 @@ def test_data_quick(capsys: pytest.CaptureFixture[str], tmp_path: "os.PathLike[s
     check_shape(items, "data", names)
     by = {r["name"]: r for r in items}
     assert by["data.shm.load_gbps.1MiB"]["target"] is None   # the default checksum's row has it
-    assert by["data.stream.save_gbps.4MiB"]["target"] == ">= 0.8"
+    assert by["data.stream.save_gbps.4MiB"]["target"] == ">= 0.9"
+    assert by["data.stream.load_gbps.1MiB"]["params"]["checksum"] == "xxh3"
     assert by["data.shm_crc32.load_gbps.4MiB"]["target"] is None
     assert by["data.shm_xxh3.load_gbps.4MiB"]["params"]["checksum"] == "xxh3"
     assert {by[f"data.shm_xxh3.{d}_gbps.{s}"]["target"] for d in ("save", "load")
