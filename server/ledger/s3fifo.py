@@ -21,14 +21,18 @@ admission rule for cold blocks; admits() is the disk book's (a cold key, never
 hit and not in G, does not displace a full disk on its first arrival: it is
 remembered in G and admitted when it comes again).
 
-A ghost is a table of 1-byte fingerprints indexed by the key's hash, about
-four slots per evictable block (grown by doubling, which forgets it): a new
+A ghost is a table of 16-bit fingerprints indexed by the key's hash, two
+slots per evictable block (grown by doubling, which forgets it): a new
 fingerprint overwrites whatever shared its slot, so old ghosts age out at
-random, holding a few times as many keys as the cache. 8-16 bytes per block
-for both; a false positive (1/255 per occupied slot) only sends a block to M.
+random, holding about as many keys as the cache. 8-16 bytes per block for
+both. A false positive (1 in 32768 per occupied slot) sends a new block to M,
+where it holds its ancestors parked behind it; with 1-byte fingerprints (1 in
+128) that was one new block in a few hundred, and the parking it caused made
+eviction at 1M blocks cost 2.6x its cost at 10k (README, ledger bench).
 """
 from __future__ import annotations
 
+from array import array
 from typing import Any, Iterator
 
 from .freelist import FreeList
@@ -43,20 +47,21 @@ class Ghost:
     __slots__ = ("_table", "_mask")
 
     def __init__(self, slots: int = 1024) -> None:
-        self._table = bytearray(slots)
+        self._table = array("H", bytes(2 * slots))
         self._mask = slots - 1
 
     @staticmethod
     def _fp(h: int) -> int:
-        return ((h >> 40) & 0xFF) | 1
+        # The hash's high bits (the slot takes the low ones); never 0, "empty".
+        return ((h >> 40) & 0xFFFF) or 1
 
     def fit(self, blocks: int) -> None:
-        """Hold about two slots per block of a cache of `blocks`."""
-        if 2 * blocks > len(self._table):
+        """Hold at least one slot per block of a cache of `blocks`."""
+        if blocks > len(self._table):
             n = len(self._table)
-            while n < 2 * blocks:
+            while n < blocks:
                 n *= 2
-            self._table = bytearray(n)
+            self._table = array("H", bytes(2 * n))
             self._mask = n - 1
 
     def put(self, key: Any) -> None:
@@ -94,10 +99,10 @@ class S3FIFOPolicy(EvictionPolicy):
     # main is too small, -SHRINK_M; each block probation lets go unhit (what
     # it is for: scans, one-off tails), -SHRINK.
     GROW, SHRINK, SHRINK_M = 0.01, 0.001, 0.02
-    # Ghost slots per evictable block in each of the two ghost tables: 4, so
-    # a conversation's next turn (tens of requests later, behind scans) still
-    # finds its ghost.
-    GHOST_SLOTS = 4
+    # Ghost slots per evictable block in each of the two ghost tables (2 B
+    # each): 2, so a conversation's next turn (tens of requests later, behind
+    # scans) still finds its ghost.
+    GHOST_SLOTS = 2
 
     def __init__(self, key: Any = _key) -> None:
         self._small = FreeList()
@@ -127,8 +132,8 @@ class S3FIFOPolicy(EvictionPolicy):
         n = len(self._small) + len(self._main)
         if n > self._peak:
             self._peak = n
-            self.ghost.fit(n * self.GHOST_SLOTS // 2)   # fit() keeps 2 per block
-            self.main_ghost.fit(n * self.GHOST_SLOTS // 2)
+            self.ghost.fit(n * self.GHOST_SLOTS)
+            self.main_ghost.fit(n * self.GHOST_SLOTS)
 
     def remove(self, block: Any) -> None:
         (self._main if block.pq & QUEUE == MAIN else self._small).remove(block)
