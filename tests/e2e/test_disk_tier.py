@@ -239,8 +239,13 @@ async def test_disk_io_does_not_block_the_event_loop(daemon_factory: Any, disk_d
 
 async def test_only_the_gc_owner_deletes_and_never_a_pinned_file(daemon_factory: Any,
                                                                  disk_dir: str) -> None:
-    a = await daemon_factory(**disk_cfg(disk_dir, owner_id="a", capacity_bytes=6 * (BLOCK + 128)))
-    b = await daemon_factory(**disk_cfg(disk_dir, owner_id="b", capacity_bytes=6 * (BLOCK + 128)))
+    # lru admits every block: this test is about who deletes, not about s3fifo's
+    # disk admission (which would refuse a full disk's never-hit newcomers).
+    lru = {"ledger.eviction_policy": "lru"}
+    a = await daemon_factory(**disk_cfg(disk_dir, owner_id="a", capacity_bytes=6 * (BLOCK + 128)),
+                             **lru)
+    b = await daemon_factory(**disk_cfg(disk_dir, owner_id="b", capacity_bytes=6 * (BLOCK + 128)),
+                             **lru)
     assert a.disk.gc_owner and not b.disk.gc_owner
     cb = await connect(b)
     # B fills and overflows its share: it forgets entries but deletes no file.
