@@ -61,7 +61,7 @@ def breakdown(rounds: List[Dict[str, Any]], key: str) -> Dict[str, float]:
             elif ev == "load":
                 ph["load"] = ph.get("load", 0.0) + t["dur"]
                 for k, v in t.items():   # the connector's own phases (ttft_connector.py)
-                    if k not in ("event", "dur", "blocks", "tokens", "pid") and \
+                    if k not in ("event", "dur", "blocks", "tokens", "pid", "at", "start_at") and \
                             isinstance(v, (int, float)):
                         ph[f"load.{k}"] = ph.get(f"load.{k}", 0.0) + v
             elif ev == "step":
