@@ -60,6 +60,11 @@ def test_ttft_quick_json_shape_and_verified_hits() -> None:
     assert r.returncode == 0, f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-6000:]}"
     items = json.loads(r.stdout)
     by = {i["name"]: i for i in items}
+    # The verification row: every check of the timed repetitions passed.
+    v = by.pop(f"ttft.{CASE}.verification.failed_checks")
+    assert v["value"] == 0 and v["baseline_value"] > 0 and v["target"] == "<= 0"
+    assert v["meets_target"] is True and v["params"]["problems"] == []
+    items = [i for i in items if i["name"] in by]
     assert set(by) == {f"ttft.{CASE}.{n}" for n in TARGETS}
     for i in items:
         assert set(i) == KEYS, i
