@@ -98,10 +98,15 @@ def unlink(b: Any) -> None:
 
 def strand(b: Any) -> None:
     """Mark `b`'s subtree stranded; move its evictable blocks to due."""
+    if b.pq & STRANDED:
+        # Its subtree is stranded already (link and strand mark whole
+        # subtrees); moving it again would reorder `stray` behind the order
+        # ChainPolicy.__iter__ reports.
+        return
     todo = [b]
     while todo:
         x = todo.pop()
-        if x.pq & STRANDED and x is not b:
+        if x.pq & STRANDED:
             continue
         if x.pq & PLACE:            # evictable: to the front of the order
             policy = x.tier.policy

@@ -94,6 +94,25 @@ def test_discarding_a_parent_strands_its_subtree_first(make_ledger, descriptor, 
     led.check_invariants()
 
 
+def test_stranded_blocks_go_in_the_order_the_policy_reports(make_ledger, descriptor, key, store,
+                                                            policy):
+    """Evicting a stranded block whose children are stranded already must not
+    move them in the order: the victims are the order listed before."""
+    led = make_ledger(8, policy=policy)
+    s = led.register_session("i", descriptor(), 0.0)
+    ks = chain_keys(key, 0, 5)
+    store(led, s.id, ks, 1.0)
+    store(led, s.id, [key(9)], 1.5)                 # unrelated
+    m = led.match(s.id, ks[:1], lease=True, now=2.0)
+    led.release(s.id, m.lease_id, 2.0, discard_indices=[0])    # strands ks[1:]
+    listed = order(led)
+    store(led, s.id, chain_keys(key, 100, 5), 3.0)  # 8 pages, 5 held: evicts 2
+    held = set(led.namespaces[s.ns.id].blocks)
+    evicted = [k for k in listed if k not in held]
+    assert evicted == listed[:len(evicted)] and len(evicted) == 2
+    led.check_invariants()
+
+
 def test_a_save_names_its_parent_or_its_chain_start(make_ledger, descriptor, key, store,
                                                     snapshot, policy):
     led = make_ledger(8, policy=policy)
