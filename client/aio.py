@@ -22,12 +22,13 @@ loads.py and saves.py; this module connects, closes and documents them.
 """
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, List, Mapping, Optional, Sequence
+from typing import Any, AsyncIterator, List, Mapping, Optional, Sequence, Tuple
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvkeeper.v1 import kvkeeper_pb2 as pb
+from kvkeeper.v1 import residency_pb2 as rpb
 
 from .auth import TLSLike, aio_channel, bearer_metadata
 from .checksum import DEFAULT as DEFAULT_CHECKSUM, algo_of
@@ -43,6 +44,8 @@ from .wire import Chunk
 __all__ = ["AsyncClient", "CHANNEL_OPTIONS", "MAX_MESSAGE_BYTES"]
 
 MAX_MESSAGE_BYTES = 64 << 20
+RESIDENCY_KINDS = {"stored": rpb.RESIDENCY_STORED, "removed": rpb.RESIDENCY_REMOVED,
+                   "cleared": rpb.RESIDENCY_CLEARED}
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -261,12 +264,18 @@ class AsyncClient:
         sent before the first chunk is asked for."""
         return self._loads.load_chunks(lease_id, max_blocks)
 
-    async def save(self, keys: Sequence[bytes], blocks: Sequence[Any]) -> SaveResult:
+    async def save(self, keys: Sequence[bytes], blocks: Sequence[Any],
+                   parent: Optional[bytes] = None) -> SaveResult:
         """Store blocks[i] under keys[i]: reserve, write the reserved ones,
         commit. Keys the daemon already has or another writer holds are
         skipped. Lists longer than max_keys_per_call go in several rounds; on
-        an error, rounds already committed stay committed."""
-        return await self._saves.save(keys, blocks)
+        an error, rounds already committed stay committed.
+
+        The keys are a run of one chain (each key's parent is the key before
+        it); `parent` is the key before keys[0] (b"" when keys[0] starts the
+        chain, None when unknown): the daemon keeps a parent cached behind
+        its children, so a save that continues a chain should name it."""
+        return await self._saves.save(keys, blocks, parent)
 
     async def release(self, lease_id: int, discard: bool = False,
                       discard_indices: Sequence[int] = (),
@@ -287,6 +296,21 @@ class AsyncClient:
         """The daemon's counters (tiers, sessions, leases, hits...)."""
         return await self._session.unary("Stats", lambda s: pb.StatsRequest(), retry=True,
                                          rebind=False)
+
+    async def report_residency(self, changes: Sequence[Tuple[str, Sequence[bytes]]], *,
+                               capacity_blocks: int = 0,
+                               report_seq: int = 0) -> Tuple[Any, str]:
+        """ReportResidency (residency.proto): this session's engine's KV cache
+        changed; changes: ("stored" | "removed" | "cleared", keys), in order.
+        Retried on UNAVAILABLE (report_seq makes a repeat harmless), never
+        moved to a new session (its book would miss what was said before).
+        Returns the answer and the session id it went to."""
+        req_changes = [rpb.ResidencyChange(kind=RESIDENCY_KINDS[kind], keys=list(keys))
+                       for kind, keys in changes]
+        return await self._session.unary_sid(
+            "ReportResidency", lambda s: rpb.ReportResidencyRequest(
+                session_id=s, capacity_blocks=capacity_blocks, report_seq=report_seq,
+                changes=req_changes), retry=True, rebind=False)
 
     async def health(self, service: str = "") -> str:
         """grpc.health.v1 status name: "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN"

@@ -36,6 +36,10 @@ class MatchResult:
     tiers: List[int]
     lease_id: Optional[int]
     blocks: List[pb.BlockRef] = field(default_factory=list)
+    # The gpu tier: another engine's own KV cache holds the leading
+    # gpu_matched keys (as its connector reported; not loadable from here).
+    gpu_matched: int = 0
+    gpu_engine: str = ""
 
 
 class Leases:
@@ -62,6 +66,7 @@ class Leases:
             keys = keys[:limit]
         ask = blocks and self._transport.mapping is not None
         matched, tiers, lease_id = 0, [], None
+        gpu_matched, gpu_engine = 0, ""
         refs: List[pb.BlockRef] = []
         for start in range(0, len(keys), limit):
             part = keys[start:start + limit]
@@ -69,6 +74,8 @@ class Leases:
                 "Match",
                 lambda sid: encode_match_request(sid, part, kb, lease, ask, report_use),
                 retry=not lease, rebind=True)
+            if start == 0:
+                gpu_matched, gpu_engine = resp.gpu_matched, resp.gpu_engine
             matched += resp.matched
             tiers.extend(resp.tiers)
             if lease and resp.lease_id:
@@ -77,7 +84,7 @@ class Leases:
                     refs = await self._leased_refs(resp)
             if resp.matched < len(part):
                 break
-        return MatchResult(matched, tiers, lease_id, refs)
+        return MatchResult(matched, tiers, lease_id, refs, gpu_matched, gpu_engine)
 
     async def _leased_refs(self, resp: MatchReply) -> List[pb.BlockRef]:
         """The BlockRefs of the lease a Match(blocks=true) granted. On any

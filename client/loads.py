@@ -73,7 +73,7 @@ class Loads:
         try:
             if not m.still_valid():
                 return None
-            return [[v.toreadonly() for v in m.gather(ext)] for ext in exts]
+            return m.gather_readonly(exts)
         except ValueError as e:
             # Another thread (Client's event loop) may close the mapping meanwhile.
             if m.closed:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, List, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import grpc
 
@@ -35,12 +35,15 @@ WRITE_CHUNK_BYTES = 1 << 20
 @dataclass(frozen=True)
 class SaveResult:
     """Per-key outcome counts: written and `committed`, or skipped because
-    `present` (already cached) or `in_flight` (another writer has it)."""
+    `present` (already cached), `in_flight` (another writer has it) or
+    `not_admitted` (the daemon's admission turned it away: a long run of
+    blocks nobody saved lately, on a full cache)."""
 
     reserved: int
     present: int
     in_flight: int
     committed: int
+    not_admitted: int = 0
 
 
 class Saves:
@@ -53,29 +56,41 @@ class Saves:
         # The bulk messages go through kvkeeper.client.wire (fewer copies, same bytes).
         self._write_blocks_rpc = write_blocks_method(session.channel)
 
-    async def save(self, keys: Sequence[bytes], blocks: Sequence[Any]) -> SaveResult:
-        """Store blocks[i] under keys[i], in rounds of at most max_keys_per_call."""
+    async def save(self, keys: Sequence[bytes], blocks: Sequence[Any],
+                   parent: Optional[bytes] = None) -> SaveResult:
+        """Store blocks[i] under keys[i], in rounds of at most max_keys_per_call.
+        `parent`: the key before keys[0] in its chain (b"" for a chain's
+        first block; None: unknown); each later round's is the key before it."""
         s = self._session
         if len(keys) != len(blocks):
             raise ValueError(f"{len(keys)} keys but {len(blocks)} blocks")
         keys = check_keys(keys, s.key_bytes)
+        if parent is not None:
+            parent = bytes(parent)
+            if parent and s.key_bytes and len(parent) != s.key_bytes:
+                raise ValueError(f"parent key has {len(parent)} bytes; the daemon expects "
+                                 f"{s.key_bytes} (b\"\" for a chain's first block)")
         views = block_views(blocks, s.namespace.block_bytes, writable=False)
         s.check_open()
-        totals = [0, 0, 0, 0]
+        totals = [0, 0, 0, 0, 0]
         limit = s.max_keys or max(1, len(keys))
         for start in range(0, len(keys), limit):
-            r = await self._save_part(keys[start:start + limit], views[start:start + limit])
-            for i, v in enumerate((r.reserved, r.present, r.in_flight, r.committed)):
+            r = await self._save_part(keys[start:start + limit], views[start:start + limit],
+                                      keys[start - 1] if start else parent)
+            for i, v in enumerate((r.reserved, r.present, r.in_flight, r.committed,
+                                   r.not_admitted)):
                 totals[i] += v
         return SaveResult(*totals)
 
-    async def _save_part(self, keys: List[bytes], views: List[memoryview]) -> SaveResult:
+    async def _save_part(self, keys: List[bytes], views: List[memoryview],
+                         parent: Optional[bytes]) -> SaveResult:
         for _ in range(2):  # a second round streams if the arena vanished after reserving
             m = self._transport.live()
             transport = pb.TRANSPORT_SHM if m is not None else pb.TRANSPORT_STREAM
             resp, sid = await self._session.unary_sid(
                 "ReserveSave",
-                lambda s: pb.ReserveSaveRequest(session_id=s, keys=keys, transport=transport),
+                lambda s: pb.ReserveSaveRequest(session_id=s, keys=keys, transport=transport,
+                                                parent_key=parent),
                 retry=False, rebind=True)
             rid = resp.reservation_id
             try:
@@ -88,10 +103,11 @@ class Saves:
                 reserved = [i for i, st in enumerate(status) if st == pb.SLOT_RESERVED]
                 present = status.count(pb.SLOT_PRESENT)
                 in_flight = status.count(pb.SLOT_IN_FLIGHT)
+                refused = status.count(pb.SLOT_NOT_ADMITTED)
                 if not rid:
                     if reserved:
                         raise protocol_error("slots reserved without a reservation id")
-                    return SaveResult(0, present, in_flight, 0)
+                    return SaveResult(0, present, in_flight, 0, refused)
                 commit = pb.CommitSaveRequest(session_id=sid, reservation_id=rid)
                 algo = self._checksum_algo
                 if m is not None:
@@ -122,7 +138,7 @@ class Saves:
                 if rid:
                     await self._abort(sid, rid)
                 raise
-            return SaveResult(len(reserved), present, in_flight, cresp.committed)
+            return SaveResult(len(reserved), present, in_flight, cresp.committed, refused)
         raise KVKeeperClientError("the shared-memory arena changed twice during one save; "
                                   "nothing was written", grpc.StatusCode.ABORTED)
 

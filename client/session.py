@@ -23,6 +23,7 @@ import grpc
 
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
+from kvkeeper.v1 import residency_pb2_grpc as rpb_grpc
 
 from .errors import KVKeeperClientError, from_rpc_error, is_session_lost, protocol_error
 from .retry import call_with_retry
@@ -75,7 +76,9 @@ class Session:
         # Match's messages by hand (wire.py): the request goes as built, the
         # answer comes back as a wire.MatchReply.
         self._methods = {"Match": channel.unary_unary(
-            MATCH_METHOD, request_serializer=None, response_deserializer=parse_match_response)}
+            MATCH_METHOD, request_serializer=None, response_deserializer=parse_match_response),
+            # The residency service's session-scoped call (residency.proto).
+            "ReportResidency": rpb_grpc.KVKeeperResidencyStub(channel).ReportResidency}
         self.namespace = namespace
         self.timeout = timeout
         self.max_retries = max_retries

@@ -5,9 +5,11 @@ wraps AsyncClient instead of duplicating it: one daemon thread owns an event
 loop, the channel and the heartbeat task; every method hands a coroutine to
 that loop (asyncio.run_coroutine_threadsafe) and waits for it. Heartbeats
 therefore keep running while the caller's threads are busy, and any number of
-threads may call at once. The exception is `load_chunks`, the connector's
-streamed load: it reads LoadStream in the calling thread, on a blocking
-channel of its own to the same daemon.
+threads may call at once. The exceptions, the connector's calls per request,
+run in the calling thread on a blocking channel of the client's own to the
+same daemon: `load_chunks` (its streamed load), a leased `match` (its
+lookup: a thread hop each way cost as much as the RPC), `release` and
+`narrow`.
 
 Each wait is bounded (`call_timeout`, by default enough for every RPC of the
 call to use its deadline and all its retries); past it the call is cancelled
@@ -23,19 +25,21 @@ from typing import Any, Coroutine, Iterator, List, Mapping, Optional, Sequence, 
 import grpc
 
 from kvkeeper.v1 import kvkeeper_pb2 as pb
+from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 
 from .aio import CHANNEL_OPTIONS, AsyncClient
 from .auth import TLSLike, bearer_metadata, sync_channel
 from .checksum import DEFAULT as DEFAULT_CHECKSUM
-from .errors import DeadlineExceededError, from_rpc_error, protocol_error
+from .checks import check_keys
+from .errors import DeadlineExceededError, from_rpc_error, is_session_lost, protocol_error
 from .leases import MatchResult
 from .retry import MAX_DELAY
 from .saves import SaveResult
-from .session import NamespaceLike
+from .session import MATCH_METHOD, NamespaceLike
 from .stream import (KEYED_UNKNOWN, Coverage, KeyedStream, check_head, keyed_request,
                      load_request, load_stream_method)
 from .url import to_grpc_target
-from .wire import Chunk
+from .wire import Chunk, encode_match_request, parse_match_response
 
 __all__ = ["Client"]
 
@@ -78,6 +82,8 @@ class Client:
         self._target, self._tls = target, tls
         self._metadata = bearer_metadata(token)
         self._sync_channel: Optional[grpc.Channel] = None
+        self._sync_match: Optional[Any] = None   # Match on it (_match_here)
+        self._sync_release: Optional[Any] = None   # Release on it (_release_here)
 
     # ---- lifecycle
 
@@ -108,9 +114,9 @@ class Client:
             raise
         self = cls(loop, thread, aclient, timeout, max_retries, call_timeout,
                    target=to_grpc_target(url), tls=tls, token=token)
-        if aclient.transport == "stream":
-            # Streaming loads will come: connect their channel now, not in the first load.
-            grpc.channel_ready_future(self._stream_channel())
+        # Leased Matches (and, streaming, the loads) go on the blocking
+        # channel: connect it now, not in the first lookup.
+        grpc.channel_ready_future(self._stream_channel())
         return self
 
     def close(self, timeout: Optional[float] = None) -> None:
@@ -204,9 +210,51 @@ class Client:
 
     def match(self, keys: Sequence[bytes], lease: bool = False,
               blocks: bool = False, report_use: bool = False) -> MatchResult:
+        if lease and not self._closed and threading.current_thread() is not self._thread:
+            res = self._match_here(keys, blocks, report_use)
+            if res is not None:
+                return res
         # blocks may add a Load (older daemons) and a Release (on failure).
         rpcs = 2 * self._rounds(len(keys)) + (2 if blocks else 0)
         return self._submit(self._aclient.match(keys, lease, blocks, report_use), rpcs=rpcs)
+
+    def _match_here(self, keys: Sequence[bytes], blocks: bool,
+                    report_use: bool) -> Optional[MatchResult]:
+        """A leased Match (one RPC, never retried, as AsyncClient.match makes
+        it) sent from the calling thread on the blocking channel: no hop to
+        the event loop thread and back, which cost the connector's lookups
+        about as much as the RPC itself on a busy 2-core machine (issue 12).
+        None where the async path must do it: the daemon lost the session
+        (it registers again there), or granted a lease without the blocks
+        asked for (an older daemon: that path Loads them; this lease is
+        released first)."""
+        ac = self._aclient
+        kb = ac.key_bytes
+        keys = check_keys(keys, kb)
+        if not keys:
+            return MatchResult(0, [], None)
+        keys = keys[:ac.max_keys_per_call or len(keys)]
+        ask = blocks and ac.arena_mapping is not None
+        req = encode_match_request(ac.session_id, keys, kb, True, ask, report_use)
+        try:
+            resp = self._match_rpc()(req, timeout=self._timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            if is_session_lost(e):
+                return None
+            raise from_rpc_error(e, "Match") from e
+        if ask and resp.lease_id and len(resp.blocks) != resp.matched:
+            self.release(resp.lease_id)
+            return None
+        return MatchResult(resp.matched, list(resp.tiers), resp.lease_id or None,
+                           list(resp.blocks) if ask and resp.lease_id else [])
+
+    def _match_rpc(self) -> Any:
+        rpc = self._sync_match
+        if rpc is None:
+            rpc = self._sync_match = self._stream_channel().unary_unary(
+                MATCH_METHOD, request_serializer=None,
+                response_deserializer=parse_match_response)
+        return rpc
 
     def arena_views(self, refs: Sequence[pb.BlockRef]) -> Optional[List[List[memoryview]]]:
         # No hop to the loop thread: AsyncClient.arena_views only reads the mapping.
@@ -284,16 +332,45 @@ class Client:
                 self._sync_channel = sync_channel(self._target, self._tls, CHANNEL_OPTIONS)
             return self._sync_channel
 
-    def save(self, keys: Sequence[bytes], blocks: Sequence[Any]) -> SaveResult:
-        return self._submit(self._aclient.save(keys, blocks), rpcs=6 * self._rounds(len(keys)))
+    def save(self, keys: Sequence[bytes], blocks: Sequence[Any],
+             parent: Optional[bytes] = None) -> SaveResult:
+        return self._submit(self._aclient.save(keys, blocks, parent),
+                            rpcs=6 * self._rounds(len(keys)))
 
     def release(self, lease_id: int, discard: bool = False,
                 discard_indices: Sequence[int] = (),
                 report: Optional[Mapping[str, int]] = None) -> None:
-        self._submit(self._aclient.release(lease_id, discard, discard_indices, report))
+        req = pb.ReleaseRequest(session_id=self.session_id, lease_id=lease_id, discard=discard,
+                                discard_indices=list(discard_indices),
+                                report=None if report is None else pb.LookupReport(**report))
+        if not self._release_here(req):
+            self._submit(self._aclient.release(lease_id, discard, discard_indices, report))
 
     def narrow(self, lease_id: int, start: int, count: int) -> None:
-        self._submit(self._aclient.narrow(lease_id, start, count))
+        req = pb.ReleaseRequest(session_id=self.session_id, lease_id=lease_id, keep_start=start,
+                                keep_blocks=count)
+        if not self._release_here(req):
+            self._submit(self._aclient.narrow(lease_id, start, count))
+
+    def _release_here(self, req: pb.ReleaseRequest) -> bool:
+        """Release `req` from the calling thread on the blocking channel, as
+        _match_here sends the lookup: the connector releases every lease
+        right as the engine emits the request's first token, and the event
+        loop's share of the call (~0.2 ms of CPU under the GIL) competed with
+        that. False where the async path must do it: the client is closed
+        (it raises), or UNAVAILABLE (it retries, as for any Release)."""
+        if self._closed or threading.current_thread() is self._thread:
+            return False
+        rpc = self._sync_release
+        if rpc is None:
+            rpc = self._sync_release = pb_grpc.KVKeeperStub(self._stream_channel()).Release
+        try:
+            rpc(req, timeout=self._timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                return False
+            raise from_rpc_error(e, "Release") from e
+        return True
 
     def stats(self) -> pb.StatsResponse:
         return self._submit(self._aclient.stats())
@@ -304,6 +381,12 @@ class Client:
 
     def health(self, service: str = "") -> str:
         return self._submit(self._aclient.health(service))
+
+    def report_residency(self, changes: Sequence[Any], *, capacity_blocks: int = 0,
+                         report_seq: int = 0) -> Any:
+        """See AsyncClient.report_residency: (answer, session id it went to)."""
+        return self._submit(self._aclient.report_residency(
+            changes, capacity_blocks=capacity_blocks, report_seq=report_seq))
 
 
 def _budget(timeout: float, max_retries: int, rpcs: int) -> float:

@@ -309,6 +309,9 @@ class MatchReply(NamedTuple):
     tiers: List[int]
     lease_id: int
     blocks: Sequence[Any]
+    # Another engine's cache holds the leading gpu_matched keys (residency.proto).
+    gpu_matched: int = 0
+    gpu_engine: str = ""
 
 
 _KEY_TAG = _varint(2 << 3 | 2)
@@ -332,14 +335,19 @@ def encode_match_request(session_id: str, keys: Sequence[bytes], key_bytes: int,
     return b"".join(out)
 
 
-def encode_match_response(matched: int, tiers: Sequence[int], lease_id: int) -> bytes:
+def encode_match_response(matched: int, tiers: Sequence[int], lease_id: int,
+                          gpu_matched: int = 0, gpu_engine: str = "") -> bytes:
     """A serialized MatchResponse without BlockRefs (tiers: kvkeeper_pb2.Tier values)."""
     if all(0 <= t < 0x80 for t in set(tiers)):
         packed = bytes(tiers)  # one byte per varint
     else:
         packed = b"".join(_varint(t & _U64) for t in tiers)
-    return (_scalar(1, matched & _U32) + _bytes_field(2, len(packed)) + packed
-            + _scalar(3, lease_id & _U64))
+    out = (_scalar(1, matched & _U32) + _bytes_field(2, len(packed)) + packed
+           + _scalar(3, lease_id & _U64))
+    if gpu_matched:
+        engine = gpu_engine.encode()
+        out += _scalar(5, gpu_matched & _U32) + _bytes_field(6, len(engine)) + engine
+    return out
 
 
 def parse_match_response(buf: bytes) -> MatchReply:
@@ -366,4 +374,5 @@ def parse_match_response(buf: bytes) -> MatchReply:
     if pos == end:
         return MatchReply(matched & _U32, tiers, lease_id, ())
     m = pb.MatchResponse.FromString(buf)
-    return MatchReply(m.matched, list(m.tiers), m.lease_id, m.blocks)
+    return MatchReply(m.matched, list(m.tiers), m.lease_id, m.blocks, m.gpu_matched,
+                      m.gpu_engine)

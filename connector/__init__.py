@@ -33,8 +33,11 @@ settings. Modules, one concept each:
   sides      a connector's scheduler or worker side built from vLLM's config
   vllm_logging  kvkeeper's logs through vLLM's handler
   connector  the KVConnectorBase_V1 subclass, dispatching by role (vLLM)
+  groups     several KV cache groups: a worker side per group, sliding windows (torch)
+  hma        KVKeeperHMAConnector: the connector with vLLM's hybrid allocator (vLLM)
 
-`KVKeeperConnector` is imported on first access, so `kvkeeper.connector.keys`
+`KVKeeperConnector` (and `KVKeeperHMAConnector`, for vLLM's hybrid
+allocator: several KV cache groups, see hma.py) is imported on first access, so `kvkeeper.connector.keys`
 and friends can be used (and kvkeeper.client / kvkeeper.server are never
 affected) where vLLM and torch are not installed.
 """
@@ -42,7 +45,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["KVKeeperConnector"]
+__all__ = ["KVKeeperConnector", "KVKeeperHMAConnector"]
 
 
 def __getattr__(name: str) -> Any:
@@ -50,4 +53,8 @@ def __getattr__(name: str) -> Any:
         from .connector import KVKeeperConnector
 
         return KVKeeperConnector
+    if name == "KVKeeperHMAConnector":
+        from .hma import KVKeeperHMAConnector
+
+        return KVKeeperHMAConnector
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -289,6 +289,14 @@ class BlockCodec:
                     raise IndexError(f"block {bid} is outside the KV cache's {n} blocks")
                 _memmove(base + bid * stride, p + off, lb)
 
+    def flat_spans(self) -> Optional[List[Tuple[int, int, int, int]]]:
+        """Every layer's (address, bytes per block, blocks, offset in a
+        kvkeeper block) when every layer is flat (one span of host memory per
+        block), else None. The addresses hold for the tensors' current storage."""
+        if not all(layer.flat for layer in self._layers):
+            return None
+        return list(self._spans)
+
     def block_checksum(self, block_id: int, algo: int) -> int:
         """The checksum with `algo` (a ChecksumAlgo value) of vLLM block
         `block_id` as its block bytes would be (every layer in logical order),

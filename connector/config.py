@@ -20,6 +20,8 @@
 | kvkeeper_max_pending_save_mib | 256 | copied-out blocks waiting to be sent; beyond, saves are dropped |
 | kvkeeper_recompute_on_load_failure | true | set vLLM's kv_load_failure_policy to "recompute" (a cache miss must not fail a request) |
 | kvkeeper_report | false | add {"kvkeeper": {...}} (hit tokens, saved blocks, namespace) to each request's kv_transfer_params |
+| kvkeeper_report_residency | true | report what vLLM's own KV cache holds to the daemon (residency.py: Locate, WatchEvents, Match's gpu tier) |
+| kvkeeper_peer | false | share this engine's KV cache with same-host engines of the same namespace, and load a prefix from theirs (connector/peer/; CPU build, TP 1, daemon on a unix socket; moves the KV cache into /dev/shm) |
 
 kv_role picks the directions: kv_producer saves only, kv_consumer loads only,
 kv_both does both.
@@ -134,6 +136,8 @@ _SPEC: Dict[str, Tuple[str, Callable[[Any], Any], Any]] = {
     "kvkeeper_load_overlap": ("load_overlap", _choice("auto", "on", "off"), "auto"),
     "kvkeeper_recompute_on_load_failure": ("recompute_on_load_failure", _bool, True),
     "kvkeeper_report": ("report", _bool, False),
+    "kvkeeper_report_residency": ("report_residency", _bool, True),
+    "kvkeeper_peer": ("peer", _bool, False),
 }
 KNOWN_KEYS = tuple(sorted(_SPEC))
 
@@ -155,6 +159,8 @@ class ConnectorConfig:
     load_overlap: str = "auto"
     recompute_on_load_failure: bool = True
     report: bool = False
+    report_residency: bool = True
+    peer: bool = False
     load: bool = True
     save: bool = True
 

@@ -29,6 +29,7 @@ from .guard import (FailureLog, answer_empty_meta, answer_miss, answer_no_errors
 from .heap import freeze_heap
 from .layout import layout_from_config
 from .metadata import KVKeeperConnectorMetadata
+from .residency import ResidencyReporter
 from .scheduler import SchedulerSide
 from .sides import SideBuilder
 from .stats import KVKeeperPromMetrics, KVKeeperStats
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.forward_context import ForwardContext
     from vllm.v1.attention.backend import AttentionMetadata
-    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
@@ -64,16 +65,20 @@ class KVKeeperConnector(KVConnectorBase_V1):
     """Shares prefix KV blocks between vLLM instances through a kvkeeper daemon."""
 
     _cache_hit_source = CacheHitSource.HOST
+    # KVKeeperHMAConnector (hma.py): vLLM's hybrid allocator, asynchronous loads.
+    serves_hybrid_allocator = False
 
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
                  kv_cache_config: "KVCacheConfig | None" = None) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         self._sched: Optional[SchedulerSide] = None
         self._worker: "Optional[WorkerSide]" = None   # imported lazily: it needs torch
+        self._peer: Any = None   # scheduler: same-host peers (peer/sched.py), kvkeeper_peer
         self._disabled: Optional[str] = None
         self.hook_failures = FailureLog()   # the guarded hooks' errors, rate-limited
         self._saving: set = set()    # scheduler: requests that planned saves
         self._delayed: set = set()   # scheduler: frees delayed, for the next step's metadata
+        self._residency: Optional[ResidencyReporter] = None   # scheduler: bound with the pool
         ktc = self._kv_transfer_config
         try:
             cfg = ConnectorConfig.from_extra(ktc.kv_connector_extra_config, ktc.kv_role)
@@ -88,14 +93,15 @@ class KVKeeperConnector(KVConnectorBase_V1):
             log.info("kvkeeper: setting kv_load_failure_policy=recompute")
             ktc.kv_load_failure_policy = "recompute"
         try:
-            layout = layout_from_config(vllm_config, kv_cache_config)
+            layout = self.kv_layouts(vllm_config, kv_cache_config)
         except Exception as e:
             self._disable(str(e))
             return
         sides = SideBuilder(vllm_config, ktc)
         try:
             if role == KVConnectorRole.SCHEDULER:
-                self._sched = sides.scheduler(cfg, layout)
+                self._peer = self._scheduler_peer(sides, cfg)
+                self._sched = sides.scheduler(cfg, layout, self._peer)
             else:
                 self._worker = sides.worker(cfg, layout)
         except Exception as e:
@@ -103,6 +109,22 @@ class KVKeeperConnector(KVConnectorBase_V1):
             self._disable(str(e))
 
     # ---- construction
+
+    def _scheduler_peer(self, sides: SideBuilder, cfg: ConnectorConfig) -> Any:
+        try:
+            kcc = self._kv_cache_config
+            return sides.scheduler_peer(cfg, int(getattr(kcc, "num_blocks", 0) or 0))
+        except Exception as e:  # noqa: BLE001 - peers are an extra: run without them
+            log.warning("kvkeeper: same-host peers are off for this engine: %s", e)
+            return None
+
+    @staticmethod
+    def kv_layouts(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig | None") -> Any:
+        """The layout this connector serves: one KV cache group (this class does
+        not support vLLM's hybrid allocator, so vLLM runs sliding-window
+        layers as full attention in one group); KVKeeperHMAConnector serves
+        several (hma.py)."""
+        return layout_from_config(vllm_config, kv_cache_config)
 
     def _disable(self, reason: str) -> None:
         self._disabled = reason
@@ -112,7 +134,8 @@ class KVKeeperConnector(KVConnectorBase_V1):
             # Still answer for loads the scheduler may plan (its side may be
             # fine): report their blocks as failed, so vLLM recomputes them.
             try:
-                self._worker = SideBuilder.disabled_worker(reason)
+                self._worker = SideBuilder.disabled_worker(
+                    reason, grouped=self.serves_hybrid_allocator)
             except Exception as e:  # noqa: BLE001
                 log.error("kvkeeper: cannot even build a disabled worker side: %s", e)
 
@@ -216,11 +239,18 @@ class KVKeeperConnector(KVConnectorBase_V1):
         return side.take_stats() if side is not None else None
 
     @guarded(answer_none)
+    def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
+        if self._peer is not None:
+            self._peer.bind_block_pool(gpu_block_pool)   # generations bumped on reuse
+
+    @guarded(answer_none)
     def shutdown(self) -> None:
         if self._worker is not None:
             self._worker.shutdown()
         if self._sched is not None:
             self._sched.shutdown()
+        if self._peer is not None:
+            self._peer.close()
 
     # ==============================
     # Scheduler-side methods
@@ -230,6 +260,8 @@ class KVKeeperConnector(KVConnectorBase_V1):
     def on_new_request(self, request: "Request") -> None:
         if self._sched is not None:
             self._sched.on_new_request(request)
+            if self._residency is not None:
+                self._residency.seen(request, self._sched.namespaces)
 
     @guarded(answer_miss)
     def get_num_new_matched_tokens(self, request: "Request",
@@ -261,17 +293,46 @@ class KVKeeperConnector(KVConnectorBase_V1):
         return self._sched.build_connector_meta(scheduler_output,
                                                 self._block_ids_getter(scheduler_output))
 
-    def _block_ids_getter(self, so: Any) -> Callable[[str], Optional[Sequence[int]]]:
+    def _block_ids_getter(self, so: Any) -> Callable[[str], Optional[Sequence[Any]]]:
         state = getattr(so, "kv_connector_block_state", None)
         manager = self._kv_cache_manager
 
-        def get(req_id: str) -> Optional[Sequence[int]]:
+        def get(req_id: str) -> Optional[Sequence[Any]]:
             ids = state.get_block_ids(req_id) if state is not None else None
             if ids is None and manager is not None:
                 ids = manager.get_block_ids(req_id)
-            return ids[0] if ids else None
+            if not ids:
+                return None
+            # Several KV cache groups (hma.py): every group's block ids.
+            return ids[0] if len(ids) == 1 else tuple(ids)
 
         return get
+
+    def bind_kv_cache_manager(self, kv_cache_manager: "KVCacheManager") -> None:
+        # The base class keeps the manager and calls bind_gpu_block_pool; then
+        # the pool's KV cache events become residency reports (residency.py).
+        super().bind_kv_cache_manager(kv_cache_manager)
+        self._bind_residency(kv_cache_manager.block_pool)
+
+    @guarded(answer_none)
+    def _bind_residency(self, pool: Any) -> None:
+        if self._sched is not None:
+            self._residency = ResidencyReporter(self._sched.links, self._sched.bs,
+                                                off=not self._sched.cfg.report_residency)
+            self._residency.bind(pool)
+
+    def get_external_cache_hit_sources(self, request: "Request",
+                                       num_external_tokens: int) -> Dict[CacheHitSource, int]:
+        """The hit's tokens per tier it came from (host, disk; hit_sources.py)."""
+        if num_external_tokens <= 0:
+            return {}
+        try:
+            split = self._sched.hit_sources(request) if self._sched is not None else {}
+            if split and sum(split.values()) == num_external_tokens:
+                return {CacheHitSource(src): n for src, n in split.items()}
+        except Exception as e:  # noqa: BLE001 - a metric's split never fails a request
+            self.hook_failures.failed("get_external_cache_hit_sources", e)
+        return {self._cache_hit_source: num_external_tokens}
 
     @guarded(answer_none)
     def update_connector_output(self, connector_output: Any) -> None:

@@ -7,16 +7,23 @@ from __future__ import annotations
 import concurrent.futures
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["Lease", "Lookup", "LookupAnswer", "match_with_refs", "wait_all"]
+__all__ = ["Lease", "Lookup", "LookupAnswer", "match_with_refs", "peer_lease", "wait_all"]
 
 
-def match_with_refs(client: Any, keys: List[bytes]) -> Tuple[Any, Optional[bytes]]:
+def match_with_refs(client: Any, keys: List[bytes],
+                    peer: Optional[Callable[[Any, List[bytes], int], Any]] = None
+                    ) -> Tuple[Any, Optional[bytes], Any]:
     """Leased Match that also returns where the blocks lie in shared memory
-    (for the worker, which then needs no RPC of its own), and which arena."""
-    return (client.match(keys, lease=True, blocks=True, report_use=True),
-            getattr(client, "arena_id", None))
+    (for the worker, which then needs no RPC of its own), and which arena;
+    and, with `peer` (peer(client, keys, blocks matched), asked only when
+    the daemon holds fewer than all keys), a same-host peer's longer hit
+    (kvkeeper.connector.peer), or None."""
+    res = client.match(keys, lease=True, blocks=True, report_use=True)
+    short = peer is not None and res.matched < len(keys)
+    hit = peer(client, keys, res.matched) if short else None
+    return res, getattr(client, "arena_id", None), hit
 
 
 def wait_all(futures: Sequence[Future[Any]], timeout: float) -> None:
@@ -30,10 +37,27 @@ class Lease:
     #                            lease itself covers blocks from 0 on
     blocks: int                # blocks from `start` on matched on every rank
     computed: int = 0          # tokens vLLM had already (the hit is counted after them)
+    tiers: List[int] = field(default_factory=list)   # rank 0: each block's tier, from block 0
     base: int = 0              # request block at the daemon leases' position 0 (once narrowed)
     report: Optional[Dict[str, int]] = None   # the LookupReport, less loaded_blocks
     refs: List[Sequence[Any]] = field(default_factory=list)   # per rank: BlockRefs from block 0
     arenas: List[Optional[bytes]] = field(default_factory=list)   # per rank: the refs' arena
+    # Loaded from a same-host peer's cache instead (no daemon lease): its
+    # segment and (block, generation) of each block from block 0.
+    peer: Optional[Tuple[str, Tuple[Tuple[int, int], ...]]] = None
+
+    def peer_part(self, n: int) -> Optional[Tuple[str, Tuple[Tuple[int, int], ...]]]:
+        """The peer's segment and its blocks of the n blocks loaded from `start`."""
+        if self.peer is None:
+            return None
+        return self.peer[0], tuple(self.peer[1][self.start:self.start + n])
+
+
+def peer_lease(ranks: int, hit: Any) -> Lease:
+    """The lease of a load from a same-host peer (hit: client.peer.PeerMatch)."""
+    # TIER_GPU (1) for every block: vLLM's hit sources count them as p2p.
+    return Lease([None] * ranks, 0, 0, peer=(hit.segment, tuple(hit.blocks)),
+                 tiers=[1] * len(hit.blocks))
 
 
 @dataclass
@@ -42,6 +66,7 @@ class LookupAnswer:
     per_rank: List[int]            # blocks each rank matched
     matched: int                   # blocks matched on every rank
     error: Optional[BaseException] = None   # a rank's lookup failed: a miss
+    peer: Any = None               # a same-host peer's longer hit (client.peer.PeerMatch)
 
 
 @dataclass
@@ -62,9 +87,11 @@ class Lookup:
         refs: List[Sequence[Any]] = []
         arenas: List[Optional[bytes]] = []
         per_rank: List[int] = []
+        tiers: List[int] = []
+        peers: List[Any] = []
         for fut in self.futures:
             try:
-                res, arena = fut.result()
+                res, arena, *more = fut.result()
             except Exception as e:
                 error = error or e
                 ids.append(None)
@@ -73,5 +100,9 @@ class Lookup:
             refs.append(res.blocks)
             arenas.append(arena)
             per_rank.append(res.matched)
+            peers.append(more[0] if more else None)
             matched = min(matched, res.matched)
-        return LookupAnswer(Lease(ids, 0, 0, refs=refs, arenas=arenas), per_rank, matched, error)
+            if not tiers:
+                tiers = list(getattr(res, "tiers", None) or ())
+        return LookupAnswer(Lease(ids, 0, 0, refs=refs, arenas=arenas, tiers=tiers), per_rank,
+                            matched, error, peers[0] if len(self.futures) == 1 and peers else None)

@@ -14,7 +14,8 @@ Scheduler -> workers (KVKeeperConnectorMetadata, one per step):
   preempted: requests vLLM preempted while scheduling this step; their
          blocks may be rewritten by this very forward, so the worker finishes
          copying them out first (handle_preemptions).
-Keys are per TP rank (keys[rank]): every rank has its own namespace.
+Keys are per TP rank (keys[rank]): every rank has its own namespace; with
+several KV cache groups per (rank, group) slot, rank * groups + group.
 
 Workers -> scheduler (KVKeeperWorkerMetadata): which loads finished and
 which blocks a rank found corrupt, so the scheduler releases its lease at
@@ -49,6 +50,13 @@ class LoadSpec:
     # own when it maps the same arena (arena_ids[rank]). Empty: Match itself.
     refs: Tuple[Tuple[Any, ...], ...] = ()      # [tp_rank][i]: kvkeeper_pb2.BlockRef
     arena_ids: Tuple[Optional[bytes], ...] = ()
+    # From a same-host peer's KV cache instead of the daemon (TP 1 only):
+    # (the peer's segment, (block, generation) there of each block to load).
+    peer: Optional[Tuple[str, Tuple[Tuple[int, int], ...]]] = None
+    # Several KV cache groups (connector/groups.py): [group][i], the vLLM block
+    # of block i in each group (block_ids is group 0's); 0, vLLM's null block,
+    # where a sliding-window group holds nothing. Empty with one group.
+    group_block_ids: Tuple[Tuple[int, ...], ...] = ()
 
     def num_blocks(self) -> int:
         return len(self.block_ids)
@@ -59,6 +67,10 @@ class SaveSpec:
     req_id: str
     keys: Tuple[Tuple[bytes, ...], ...]   # [tp_rank][i]
     block_ids: Tuple[int, ...]            # vLLM block holding block i after this step
+    # [tp_rank]: the key before keys[rank][0] in the request's chain (b"":
+    # the chain's first block); empty: not known (ReserveSave's parent_key).
+    parents: Tuple[bytes, ...] = ()
+    group_block_ids: Tuple[Tuple[int, ...], ...] = ()   # [group][i], as in LoadSpec
 
     def num_blocks(self) -> int:
         return len(self.block_ids)

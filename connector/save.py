@@ -39,11 +39,13 @@ class SaveJob:
     the save thread or, when vLLM is about to reuse the blocks, by whoever
     needs it done first."""
 
-    __slots__ = ("req_id", "keys", "block_ids", "rows", "copied", "device", "_lock")
+    __slots__ = ("req_id", "keys", "parent", "block_ids", "rows", "copied", "device", "_lock")
 
-    def __init__(self, req_id: str, keys: Sequence[bytes], block_ids: Sequence[int]) -> None:
+    def __init__(self, req_id: str, keys: Sequence[bytes], block_ids: Sequence[int],
+                 parent: Optional[bytes] = None) -> None:
         self.req_id = req_id
         self.keys = list(keys)
+        self.parent = parent   # the key before keys[0] in its chain; None: unknown
         self.block_ids = tuple(block_ids)
         self.rows: Optional[Any] = None   # host rows (a gpu.d2h.DeviceRows on CUDA)
         self.copied = False
@@ -143,20 +145,21 @@ class SaveThread:
                 job.copy_out(self._codec, self._counters)
                 rows, job.rows = job.rows, None
                 if rows is not None:
-                    self.send(job.keys, rows if job.device is None else rows.host())
+                    self.send(job.keys, rows if job.device is None else rows.host(), job.parent)
             except Exception as e:  # noqa: BLE001 - keep the thread alive
                 log.warning("kvkeeper: saving blocks of %s failed: %s", job.req_id, e)
             finally:
                 self._done(job.num_blocks * self._bb)
 
-    def send(self, keys: List[bytes], rows: torch.Tensor) -> None:
-        """Save one job's copied-out rows under keys (on the save thread)."""
+    def send(self, keys: List[bytes], rows: torch.Tensor, parent: Optional[bytes] = None) -> None:
+        """Save one job's copied-out rows under keys, a run of one chain after
+        `parent` (on the save thread)."""
         c = self._counters
         n = len(keys)
         arr = rows.numpy()
         bufs = [arr[i] for i in range(n)]
         try:
-            res = self._link.call(lambda cl: cl.save(keys, bufs), "save")
+            res = self._link.call(lambda cl: cl.save(keys, bufs, parent), "save")
         except LinkDown:
             c.inc("save_dropped_blocks", n)
             return
@@ -172,3 +175,4 @@ class SaveThread:
         c.inc("saved_blocks", res.committed)
         c.inc("saved_bytes", res.committed * self._bb)
         c.inc("save_present_blocks", res.present)
+        c.inc("save_dropped_blocks", res.not_admitted)   # the daemon's admission: a one-off

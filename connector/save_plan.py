@@ -15,7 +15,7 @@ log = logging.getLogger("kvkeeper.connector")
 
 
 def plan_saves(so: Any, reqs: Mapping[str, RequestState], ranks: int, bs: int,
-               block_ids_of: Callable[[str], Optional[Sequence[int]]],
+               block_ids_of: Callable[[str], Optional[Sequence[Any]]],
                meta: KVKeeperConnectorMetadata) -> None:
     """Append the saves of scheduler output `so` to meta.saves and advance
     each request's saved_blocks past them."""
@@ -33,13 +33,21 @@ def plan_saves(so: Any, reqs: Mapping[str, RequestState], ranks: int, bs: int,
         full = min(after, req.num_tokens) // bs
         if full <= st.saved_blocks:
             continue
-        ids = block_ids_of(req_id)
+        got = block_ids_of(req_id)
+        # One list of block ids, or one per KV cache group (the hybrid allocator).
+        grouped = bool(got) and isinstance(got[0], (list, tuple))
+        ids = got[0] if grouped else got
         if ids is None or len(ids) < full:
             log.debug("kvkeeper: %s holds %s blocks, %d are full; not saving this step",
                       req_id, None if ids is None else len(ids), full)
             continue
         start = st.saved_blocks
         keys = tuple(st.keys(r, start, full) for r in range(ranks))
-        meta.saves.append(SaveSpec(req_id=req_id, keys=keys, block_ids=tuple(ids[start:full])))
+        # The key before the first, so the daemon files a save that continues
+        # the request's chain (a later prefill chunk, decode blocks) under it.
+        parents = tuple(st.keys(r, start - 1, start)[0] if start else b"" for r in range(ranks))
+        groups = tuple(tuple(g[start:full]) for g in got) if grouped else ()
+        meta.saves.append(SaveSpec(req_id=req_id, keys=keys, block_ids=tuple(ids[start:full]),
+                                   parents=parents, group_block_ids=groups))
         st.saved_blocks = full
         st.saved_total += full - start

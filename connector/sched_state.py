@@ -3,7 +3,7 @@ lookup in flight, and how far its blocks are known to be saved."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from .keys import KeyChain
 from .lookup import Lease, Lookup
@@ -40,7 +40,23 @@ class RequestState:
     hit_tokens: int = 0
     saved_total: int = 0
     loads: Set[int] = field(default_factory=set)   # load ids in flight
+    hit_sources: Dict[str, int] = field(default_factory=dict)   # the last hit's tokens per tier
 
     def keys(self, rank: int, start: int, end: int) -> Tuple[bytes, ...]:
         """TP rank `rank`'s keys of the request's blocks start..end-1."""
         return tuple(self.chains[rank].keys(self.request.all_token_ids, end)[start:end])
+
+    def report(self, block_tokens: int, namespaces: Sequence[Dict[str, Any]],
+               groups: int) -> Dict[str, Any]:
+        """The kvkeeper report of kv_transfer_params (kvkeeper_report)."""
+        out: Dict[str, Any] = {
+            "hit_tokens": self.hit_tokens,
+            "saved_blocks": self.saved_total,
+            "block_tokens": block_tokens,
+            "namespace": namespaces[0],
+            "seed": self.chains[0].seed.hex(),
+        }
+        if groups > 1:   # every (TP rank, KV cache group) slot's, in slot order
+            out["namespaces"] = list(namespaces)
+            out["seeds"] = [c.seed.hex() for c in self.chains]
+        return out

@@ -1,53 +1,44 @@
 """Scheduler-side logic: lookups with leases, load plans, save plans, releases.
 
-Timeline of one request (see the seed notes on UCM's, which this follows):
-
-1. on_new_request (vLLM adds the request, before scheduling it): the keys of
-   the prompt's full blocks, from block 0, are looked up with
-   Match(lease=True, report_use=True) on each TP rank's link thread
-   (DaemonLink.submit): the hit is pinned in the daemon until the load is
-   done, and the scheduler thread never waits for the daemon. vLLM has not
-   said yet how much of the prompt its own prefix cache holds, so the daemon
-   counts no hit for this Match: every lease's release (or, for a lookup that
-   leased nothing, a release of lease 0) carries a LookupReport of the
-   prompt, the blocks vLLM held itself and the blocks loaded (see
-   kvkeeper.server.ledger.usage); a lookup whose answer vLLM never used
-   reports nothing, as vLLM counts nothing for it either.
-2. get_num_new_matched_tokens: the answer is used if it is there, after
-   waiting at most kvkeeper_lookup_wait_s (in all, per scheduling step), or
-   IDLE_WAIT_S while no request is running (a skipped step would run
-   nothing); else the answer is "pending" (None): vLLM skips the request
-   this step and asks again on the next. A lookup not answered within
-   kvkeeper_lookup_timeout_s, or failed, is a miss, counted. The hit reported
-   is what the daemon holds beyond vLLM's own prefix-cache hit, and at most
-   num_tokens - 1 tokens: when the block holding the last token is held too
-   it is loaded whole and vLLM computes only that token, writing its KV over
-   the loaded copy during the forward (equal up to rounding, not always
-   bit for bit). The leases are narrowed to the blocks beyond vLLM's own hit
-   (Release with keep_blocks, queued like releases), so the daemon pins only
-   what may be loaded.
+Timeline of one request (as the seed notes on UCM's):
+1. on_new_request (vLLM adds the request, before scheduling it): the keys of the prompt's
+   full blocks, from block 0, are looked up with Match(lease=True, report_use=True) on
+   each TP rank's link thread (DaemonLink.submit): the hit is pinned in the daemon until
+   the load is done, and the scheduler thread never waits for the daemon. vLLM has not
+   said yet how much of the prompt its own prefix cache holds, so the daemon counts no
+   hit for this Match: every lease's release (or, for a lookup that leased nothing, a
+   release of lease 0) carries a LookupReport of the prompt, the blocks vLLM held itself
+   and the blocks loaded (see kvkeeper.server.ledger.usage); a lookup whose answer vLLM
+   never used reports nothing, as vLLM counts nothing for it either.
+2. get_num_new_matched_tokens: the answer is used if it is there, after waiting at most
+   kvkeeper_lookup_wait_s (in all, per scheduling step), or IDLE_WAIT_S while no request
+   is running (a skipped step would run nothing); else the answer is "pending" (None):
+   vLLM skips the request this step and asks again on the next. A lookup not answered
+   within kvkeeper_lookup_timeout_s, or failed, is a miss, counted. The hit reported is
+   what the daemon holds beyond vLLM's own prefix-cache hit, and at most num_tokens - 1
+   tokens: when the block holding the last token is held too it is loaded whole and vLLM
+   computes only that token, writing its KV over the loaded copy during the forward
+   (equal up to rounding, not always bit for bit). The leases are narrowed to the blocks
+   beyond vLLM's own hit (Release with keep_blocks, queued like releases), so the daemon
+   pins only what may be loaded.
 3. update_state_after_alloc: the vLLM block ids that receive the hit are
    recorded as a LoadSpec.
-4. build_connector_meta: the step's LoadSpecs, and a SaveSpec for every full
-   block the step computes (prefill chunks and blocks filled by decoding)
-   that is not known to be in the daemon yet (loaded blocks are).
-5. update_connector_output: the workers report each load done (and whether
-   a block was corrupt); the lease is released then (discarding the corrupt
-   blocks, so the daemon drops them).
-6. request_finished: whatever lease is still held is released (abort,
-   preemption, a load never reported), and a lookup still pending releases
-   its lease when it lands. A request that planned saves has its free
-   delayed (connector.py) until every worker has copied its blocks out of
-   the KV cache (see save.py), the next step.
+4. build_connector_meta: the step's LoadSpecs, and a SaveSpec for every full block the
+   step computes (prefill chunks and blocks filled by decoding) not known to be in the
+   daemon yet (loaded blocks are).
+5. update_connector_output: the workers report each load done (and whether a block was
+   corrupt); the lease is released then (discarding the corrupt blocks, so the daemon
+   drops them).
+6. request_finished: whatever lease is still held is released (abort, preemption, a load
+   never reported), and a lookup still pending releases its lease when it lands. A
+   request that planned saves has its free delayed (connector.py) until every worker has
+   copied its blocks out of the KV cache (see save.py), the next step.
 
-A request asked again after its answer was used (not scheduled for lack of
-space, or resumed after preemption) drops its lease and is looked up again;
-a lookup still pending is never started twice.
-
-The scheduler and the workers run in different processes (even at TP=1 on
-vLLM's multiprocess executor) and a lease belongs to the session that took
-it, so a worker loads by matching the same keys under its own short lease;
-the scheduler's lease guarantees the blocks are still there when it does.
+A request asked again after its answer was used (not scheduled, or resumed after
+preemption) drops its lease and is looked up again; a pending lookup never starts twice.
+Workers run in other processes and a lease is its session's, so a worker loads by
+matching the same keys under its own short lease (the scheduler's keeps the blocks
+there). A lookup answered short may find the prompt in a same-host peer's cache (peer/).
 """
 from __future__ import annotations
 
@@ -58,10 +49,11 @@ from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from .config import ConnectorConfig
+from .hit_sources import lease_sources
 from .keys import KeyChain, hit_tokens, matchable_blocks, namespace_seed
 from .layout import KVLayout
 from .link import DaemonLink, LinkDown
-from .lookup import Lease, Lookup, match_with_refs, wait_all
+from .lookup import Lease, Lookup, match_with_refs, peer_lease, wait_all
 from .metadata import KVKeeperConnectorMetadata, KVKeeperWorkerMetadata, LoadSpec
 from .releaser import Releaser
 from .save_plan import plan_saves
@@ -85,9 +77,16 @@ class SchedulerSide:
                  links: Sequence[DaemonLink], counters: Optional[Counters] = None,
                  releasers: Optional[Sequence[Releaser]] = None,
                  clock: Callable[[], float] = time.monotonic,
-                 wait: Optional[Callable[[Sequence[Future[Any]], float], Any]] = None) -> None:
-        if len(namespaces) != len(links) or not links:
-            raise ValueError("one namespace and one link per TP rank")
+                 wait: Optional[Callable[[Sequence[Future[Any]], float], Any]] = None,
+                 peer: Optional[Callable[[Any, List[bytes], int], Any]] = None,
+                 groups: int = 1, async_loads: bool = False) -> None:
+        if len(namespaces) != len(links) or not links or len(links) % groups:
+            raise ValueError("one namespace and one link per TP rank (and KV cache group)")
+        # Several KV cache groups (connector/groups.py): a "rank" below is a
+        # (TP rank, group) slot. Under vLLM's hybrid allocator loads are
+        # asynchronous: vLLM takes no per-block load failures then.
+        self.groups = groups
+        self.async_loads = async_loads
         self.cfg = cfg
         self.layout = layout
         self.bs = layout.block_tokens
@@ -108,6 +107,7 @@ class SchedulerSide:
         # to be): while there is none, a step that skips a pending request
         # runs nothing at all (see _wait_for).
         self._answered: Set[str] = set()
+        self._peer = peer if len(self.links) == 1 else None   # peer/sched.py (TP 1)
 
     # ---- per-request state
 
@@ -156,7 +156,8 @@ class SchedulerSide:
         futures = []
         for rank, link in enumerate(self.links):
             keys = list(st.keys(rank, 0, limit))
-            futures.append(link.submit(lambda c, keys=keys: match_with_refs(c, keys), "lookup"))
+            futures.append(link.submit(lambda c, keys=keys: match_with_refs(c, keys, self._peer),
+                                       "lookup"))
         st.lookup = Lookup(futures, limit, self._clock() + self.cfg.lookup_timeout_s)
         return True
 
@@ -203,6 +204,9 @@ class SchedulerSide:
             if not isinstance(error, LinkDown):
                 log.debug("kvkeeper: lookup of %s failed: %s", request.request_id, error)
             return 0, False
+        if ans.peer is not None and ans.peer.matched > matched:   # a same-host peer holds more
+            self._release(lease)   # load it all from there, without a daemon lease
+            lease, matched = peer_lease(len(lease.ids), ans.peer), ans.peer.matched
         bs = self.bs
         top = hit_tokens(request.num_tokens, lk.limit, bs)
         self.counters.inc("lookups")
@@ -224,7 +228,7 @@ class SchedulerSide:
         if local:
             lease.base = local
         st.lease = lease
-        return hit, False
+        return hit, self.async_loads
 
     # ---- vLLM hooks
 
@@ -278,10 +282,17 @@ class SchedulerSide:
         # token (vLLM computes that token and writes its KV over the loaded one).
         end = lease.computed + num_external_tokens
         n = -(-end // self.bs) - lease.start
+        group_ids: Tuple[Tuple[int, ...], ...] = ()
         try:
-            block_ids = list(blocks.get_block_ids()[0])
+            all_ids = blocks.get_block_ids()
+            block_ids = list(all_ids[0])
             n = lease.blocks = min(n, lease.blocks)
             targets = tuple(block_ids[lease.start:lease.start + n])
+            if self.async_loads:
+                group_ids = tuple(tuple(list(g)[lease.start:lease.start + n]) for g in all_ids)
+                if len(group_ids) != self.groups or any(len(g) != n for g in group_ids):
+                    raise ValueError(f"{len(all_ids)} KV cache groups' block ids, not "
+                                     f"{self.groups} of [{lease.start}, {lease.start + n})")
             if len(targets) != n:
                 raise ValueError(f"request has {len(block_ids)} blocks, the load needs "
                                  f"[{lease.start}, {lease.start + n})")
@@ -304,6 +315,7 @@ class SchedulerSide:
             refs = tuple(tuple(r[lease.start:lease.start + n]) for r in lease.refs)
         load = LoadSpec(req_id=request.request_id, keys=keys, block_ids=targets,
                         load_id=self._next_load_id, refs=refs, arena_ids=tuple(lease.arenas),
+                        group_block_ids=group_ids, peer=lease.peer_part(n),
                         recomputes_last=end % self.bs != 0 and n == -(-end // self.bs) - lease.start)
         self._next_load_id += 1
         self._pending_loads.append((request.request_id, load, lease))
@@ -313,6 +325,7 @@ class SchedulerSide:
         tokens = max(0, min(num_external_tokens, (lease.start + n) * self.bs - lease.computed))
         st.hit_tokens += tokens
         self.counters.inc("hit_tokens", tokens)
+        st.hit_sources = lease_sources(lease, num_external_tokens, self.bs)
 
     def build_connector_meta(self, scheduler_output: Any,
                              block_ids_of: Callable[[str], Optional[Sequence[int]]]
@@ -360,8 +373,9 @@ class SchedulerSide:
                     # vLLM recomputes from the first block that failed; the
                     # corrupt ones are dropped below and saved again then.
                     st.saved_blocks = min(st.saved_blocks, lease.start + good)
-            # vLLM recomputes from the first block that failed on any rank.
-            self._release(lease, corrupt, loaded=min(good, lease.blocks))
+            # vLLM recomputes from the first block that failed on any rank (a
+            # peer's blocks are no hit of the daemon's).
+            self._release(lease, corrupt, loaded=0 if lease.peer else min(good, lease.blocks))
             if corrupt:
                 # Rare: let the discard reach the daemon before this request's
                 # blocks are saved again (else they would find the corrupt
@@ -383,13 +397,10 @@ class SchedulerSide:
                 self._release(entry[1])
         if not self.cfg.report:
             return None
-        return {"kvkeeper": {
-            "hit_tokens": st.hit_tokens,
-            "saved_blocks": st.saved_total,
-            "block_tokens": self.bs,
-            "namespace": self.namespaces[0],
-            "seed": st.chains[0].seed.hex(),
-        }}
+        return {"kvkeeper": st.report(self.bs, self.namespaces, self.groups)}
+
+    def hit_sources(self, request: Any) -> Dict[str, int]:   # the last hit's, split by tier
+        return dict(getattr(self._reqs.get(request.request_id), "hit_sources", None) or {})
 
     def take_stats(self) -> Optional[KVKeeperStats]:
         return self.counters.take()

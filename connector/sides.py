@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from typing import TYPE_CHECKING, Any, Dict
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Union
 
 from .config import ConnectorConfig
 from .layout import KVLayout, namespace_descriptor
@@ -14,6 +14,7 @@ from .model_identity import model_identity
 from .scheduler import SchedulerSide
 
 if TYPE_CHECKING:
+    from .groups import GroupedWorker
     from .worker import WorkerSide
 
 __all__ = ["SideBuilder"]
@@ -28,36 +29,73 @@ class SideBuilder:
         self._vllm_config = vllm_config
         self._ktc = kv_transfer_config
 
-    def scheduler(self, cfg: ConnectorConfig, layout: KVLayout) -> SchedulerSide:
-        size = self._tp_size()
+    def scheduler(self, cfg: ConnectorConfig,
+                  layouts: Union[KVLayout, Sequence[KVLayout]],
+                  peer: Optional[Any] = None) -> SchedulerSide:
+        """Sessions and namespaces per TP rank, and per KV cache group where
+        there are several (slot rank * groups + group: connector/groups.py)."""
+        lays = [layouts] if isinstance(layouts, KVLayout) else list(layouts)
+        size, g = self._tp_size(), len(lays)
         mid = self._model_id(cfg)
-        nss = [self._namespace(cfg, layout, mid, r, size) for r in range(size)]
-        links = [self._link(cfg, ns, cfg.lookup_timeout_s, f"scheduler tp{r}")
-                 for r, ns in enumerate(nss)]
-        log.info("kvkeeper: scheduler side for %s, namespace %s", cfg.url, nss[0])
-        return SchedulerSide(cfg, layout, nss, links)
+        slots = [(r, i) for r in range(size) for i in range(g)]
+        nss = [self._namespace(cfg, lays[i], mid, r, size) for r, i in slots]
+        links = [self._link(cfg, ns, cfg.lookup_timeout_s, f"scheduler tp{r}{_group(i, g)}")
+                 for (r, i), ns in zip(slots, nss)]
+        log.info("kvkeeper: scheduler side for %s, namespace %s%s", cfg.url, nss[0],
+                 f" (and {len(nss) - 1} more)" if len(nss) > 1 else "")
+        return SchedulerSide(cfg, lays[0], nss, links, groups=g,
+                             async_loads=_grouped(layouts),
+                             peer=peer.match if peer and g == 1 else None)
 
-    def worker(self, cfg: ConnectorConfig, layout: KVLayout) -> "WorkerSide":
-        from .worker import WorkerSide  # torch, only in workers
+    def scheduler_peer(self, cfg: ConnectorConfig, num_blocks: int) -> Optional[Any]:
+        """The scheduler's peer side (peer/sched.py) where kvkeeper_peer is on
+        and can be (TP 1, the daemon on a unix socket), else None."""
+        if not cfg.peer or self._tp_size() != 1:
+            return None
+        from .peer.sched import SchedulerPeer, peer_socket_for   # no torch
 
-        size = self._tp_size()
+        sock = peer_socket_for(cfg.url)
+        if sock is None or num_blocks <= 0:
+            return None
+        return SchedulerPeer(sock, self.engine_id, num_blocks, cfg.lookup_timeout_s)
+
+    @property
+    def engine_id(self) -> str:
+        return str(getattr(self._ktc, "engine_id", "") or "")
+
+    def worker(self, cfg: ConnectorConfig, layouts: Union[KVLayout, Sequence[KVLayout]]
+               ) -> "Union[WorkerSide, GroupedWorker]":
+        from .groups import GroupedWorker, slot_of  # torch, only in workers
+        from .worker import WorkerSide
+
+        lays = [layouts] if isinstance(layouts, KVLayout) else list(layouts)
+        size, g = self._tp_size(), len(lays)
         rank = 0
         if size > 1:
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
             rank = get_tensor_model_parallel_rank()
-        ns = self._namespace(cfg, layout, self._model_id(cfg), rank, size)
-        link = self._link(cfg, ns, cfg.io_timeout_s, f"worker tp{rank}")
-        return WorkerSide(cfg, layout, rank, link)
+        mid = self._model_id(cfg)
+        sides = []
+        for i, lay in enumerate(lays):
+            ns = self._namespace(cfg, lay, mid, rank, size)
+            link = self._link(cfg, ns, cfg.io_timeout_s, f"worker tp{rank}{_group(i, g)}")
+            # Same-host peer handles (peer/) serve one KV cache group only.
+            sides.append(WorkerSide(cfg, lay, slot_of(rank, i, g), link,
+                                    engine=self.engine_id if g == 1 else ""))
+        return GroupedWorker(sides) if _grouped(layouts) else sides[0]
 
     @staticmethod
-    def disabled_worker(reason: str) -> "WorkerSide":
+    def disabled_worker(reason: str, grouped: bool = False
+                        ) -> "Union[WorkerSide, GroupedWorker]":
         """A worker side that only answers for the loads the scheduler may
-        still plan (its side may be fine): every block failed, recompute it."""
-        from .worker import WorkerSide  # torch, only in workers
+        still plan (its side may be fine): every block failed, recompute it
+        (grouped: as the failed asynchronous loads of groups.py)."""
+        from .groups import GroupedWorker  # torch, only in workers
+        from .worker import WorkerSide
 
         w = WorkerSide(None, None, 0, None)
         w.disable(reason)
-        return w
+        return GroupedWorker([w]) if grouped else w
 
     def _instance_id(self, what: str) -> str:
         engine = getattr(self._ktc, "engine_id", "") or ""
@@ -84,3 +122,19 @@ class SideBuilder:
 
     def _tp_size(self) -> int:
         return int(getattr(self._vllm_config.parallel_config, "tensor_parallel_size", 1) or 1)
+
+
+def _grouped(layouts: Union[KVLayout, Sequence[KVLayout]]) -> bool:
+    """Whether vLLM's hybrid allocator manages these layouts (hma.py gives a
+    sequence) with several groups or a sliding window: then vLLM frees
+    blocks behind the window (null blocks in the block table) and takes no
+    per-block load failures, and groups.py serves them. A single layout
+    (KVKeeperConnector, the allocator off) keeps every block: a window
+    there is only in the namespace."""
+    if isinstance(layouts, KVLayout):
+        return False
+    return len(layouts) > 1 or any(lay.sliding for lay in layouts)
+
+
+def _group(index: int, groups: int) -> str:
+    return f" group {index}" if groups > 1 else ""

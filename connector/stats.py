@@ -35,7 +35,10 @@ COUNTERS: Dict[str, str] = {
     "saved_bytes": "Bytes written to the daemon",
     "save_present_blocks": "Blocks not written because the daemon already held them",
     "save_errors": "Save batches that failed (daemon down, full or erroring)",
-    "save_dropped_blocks": "Blocks not saved: daemon unreachable, full, or too many saves pending",
+    "save_dropped_blocks": "Blocks not saved: daemon unreachable, full, not admitted (a one-off "
+                           "run on a full cache), or too many saves pending",
+    "peer_loaded_blocks": "Blocks copied from a same-host peer engine's KV cache (kvkeeper_peer)",
+    "peer_stale_blocks": "Blocks a peer reused during the copy (load errors: recomputed)",
 }
 
 

@@ -50,6 +50,7 @@ from .load.step import LoadResults, StepLoads
 from .load.strategy import LoadStrategy
 from .load.timings import LoadTimings
 from .metadata import KVKeeperConnectorMetadata, KVKeeperWorkerMetadata, SaveSpec
+from .peer.worker import WorkerPeer
 from .releaser import Releaser
 from .save import SaveJob, SaveThread
 from .stats import Counters, KVKeeperStats
@@ -64,8 +65,9 @@ class WorkerSide:
 
     def __init__(self, cfg: Optional[ConnectorConfig], layout: Optional[KVLayout], rank: int,
                  link: Optional[DaemonLink], counters: Optional[Counters] = None,
-                 releaser: Optional[Releaser] = None) -> None:
+                 releaser: Optional[Releaser] = None, engine: str = "") -> None:
         self.cfg = cfg
+        self.engine = engine   # vLLM's engine id: names its peer generations
         self.layout = layout
         self.rank = rank
         self.link = link
@@ -87,6 +89,7 @@ class WorkerSide:
         # The phases of the last step that loaded, for whoever observes the
         # worker (benchmarks); replaced at each start_load_kv, never read here.
         self.load_timings = LoadTimings()
+        self.peer: Optional[WorkerPeer] = None   # kvkeeper_peer: same-host peers (peer/)
 
     # ---- set-up
 
@@ -99,6 +102,9 @@ class WorkerSide:
     def register_kv_caches(self, kv_caches: Mapping[str, torch.Tensor], num_blocks: int) -> None:
         if self.disabled is not None or self.layout is None or self.cfg is None:
             return
+        # Before the codec reads the tensors' addresses: peers need the cache in shared memory.
+        shared = WorkerPeer.prepare(self.cfg, kv_caches, self.layout.layer_names,
+                                    int((self.link.namespace if self.link else {}).get("tp_size", 1)))
         try:
             self.codec = BlockCodec(self.layout, kv_caches, num_blocks)
         except LayoutMismatch as e:
@@ -116,9 +122,23 @@ class WorkerSide:
             self._saver = SaveThread(self.link, self.codec, self.cfg.max_pending_save_bytes,
                                      self.counters, ready)
             self._fetcher = Fetcher(self.link, self.rank, loader, self._results, self.releaser)
+            if shared is not None:
+                self._start_peer(shared, num_blocks)
         log.info("kvkeeper: TP rank %d KV cache %s; namespace %s; loads %s", self.rank,
                  self.codec.describe(), self.link.namespace if self.link else None,
                  self.load_strategy.name)
+
+    def _start_peer(self, shared: Any, num_blocks: int) -> None:
+        assert self.cfg is not None and self.link is not None and self.codec is not None
+        try:
+            self.peer = WorkerPeer(self.cfg, self.link, self._io, self.engine, shared, self.codec,
+                                   num_blocks, self.counters, self._results.finish)
+        except Exception as e:  # noqa: BLE001 - peers are an extra: run without them
+            log.warning("kvkeeper: same-host peers are off for this worker: %s", e)
+            shared.close()
+            return
+        if self._fetcher is not None:
+            self._fetcher.peer = self.peer.source.load
 
     def _connect(self) -> None:
         assert self.link is not None
@@ -197,6 +217,20 @@ class WorkerSide:
         for f in step.fetched:
             good = 0 if step.abandoned else f.good
             self._results.finish(f.spec, good, f.bad)
+            if self.peer is not None:
+                self.peer.note_load(f.spec, good)
+
+    def settle(self) -> None:
+        """Finish this step's loads now (connector/groups.py reports them itself)."""
+        self._settle()
+
+    def take_results(self) -> Dict[int, Dict[int, Any]]:
+        """Each finished load's (good, corrupt) on this rank since the last call,
+        without reporting block ids to vLLM (connector/groups.py: vLLM takes no
+        per-block failures with several KV cache groups)."""
+        self._settle()
+        self._results.take_invalid()
+        return self._results.take_done()
 
     def fail_loads(self, meta: Any) -> None:
         """Report every block of every load as failed (the last resort when
@@ -229,6 +263,8 @@ class WorkerSide:
         cache. vLLM keeps their blocks until copy_out_for() says they are out."""
         if meta is None or not meta.saves:
             return
+        if self.peer is not None:
+            self.peer.note_saves(meta.saves)
         # Jobs copied out already no longer pin anything: forget them.
         for rid in [r for r, jobs in self._save_jobs.items() if all(j.copied for j in jobs)]:
             del self._save_jobs[rid]
@@ -246,7 +282,8 @@ class WorkerSide:
         if not self._saver.admit(n * self.layout.block_bytes):
             self.counters.inc("save_dropped_blocks", n)
             return
-        job = SaveJob(spec.req_id, keys, spec.block_ids)
+        parent = spec.parents[self.rank] if self.rank < len(spec.parents) else None
+        job = SaveJob(spec.req_id, keys, spec.block_ids, parent)
         self._save_jobs.setdefault(spec.req_id, []).append(job)
         self._saver.submit(job)
 
@@ -261,6 +298,11 @@ class WorkerSide:
             for job in self._save_jobs.pop(rid, ()):
                 job.copy_out(self.codec, self.counters)
         self.load_timings.copy_out_wait = time.perf_counter() - t
+
+    def copy_out_all(self) -> None:
+        """copy_out_for every request with queued saves (a sliding-window group:
+        vLLM frees its blocks outside the window while the request runs)."""
+        self.copy_out_for(set(self._save_jobs))
 
     def saves_pinning(self) -> int:
         """Queued saves whose blocks are not copied out yet (tests)."""
@@ -286,6 +328,8 @@ class WorkerSide:
             log.debug("kvkeeper: settling loads at shutdown failed: %s", e)
         self._io.shutdown()
         getattr(self.load_strategy, "close", lambda: None)()   # gpu/: unpin the arena
+        if self.peer is not None:
+            self.peer.close()
         if self._saver is not None:
             self._saver.close(timeout)
         if self.releaser is not None:

@@ -22,12 +22,16 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from kvkeeper.client.peer_wire import peer_socket_path
 from kvkeeper.v1 import admin_pb2, admin_pb2_grpc, kvkeeper_pb2, kvkeeper_pb2_grpc
+from kvkeeper.v1 import residency_pb2, residency_pb2_grpc
 
 from .api.admin import AdminServicer
 from .api.decoding import add_guarded
+from .api.residency import ResidencyServicer
 from .api.servicer import BULK_CODECS, KVKeeperServicer
 from .config import Config, ConfigError
+from .ids import CLUSTER
 from .ledger import Ledger
 from .ledger.sessions import tag
 from .metrics import Metrics
@@ -36,6 +40,8 @@ from .ops.gcpolicy import GcPolicy
 from .ops.reload import plan_reload
 from .ops.sdnotify import notify as sd_notify
 from .ops.watch import CounterWatch
+from .peer.metrics import PeerCollector
+from .peer.service import PeerService
 from .security.access import give_group, resolve_group
 from .security.auth import AuthInterceptor, AuthPolicy, check_exposure, server_credentials
 from .security.tokens import TokenTable, load_tokens
@@ -48,6 +54,7 @@ log = logging.getLogger("kvkeeper")
 
 SERVICE_NAME = kvkeeper_pb2.DESCRIPTOR.services_by_name["KVKeeper"].full_name
 ADMIN_SERVICE_NAME = admin_pb2.DESCRIPTOR.services_by_name["KVKeeperAdmin"].full_name
+RESIDENCY_SERVICE_NAME = residency_pb2.DESCRIPTOR.services_by_name["KVKeeperResidency"].full_name
 REAP_INTERVAL_S = 1.0
 
 
@@ -128,7 +135,10 @@ class Daemon:
             self.servicer.authorize_namespace = self.auth.check_namespace
         add_guarded(kvkeeper_pb2_grpc.add_KVKeeperServicer_to_server, self.servicer, self.server,
                     codecs=BULK_CODECS)
-        services = [SERVICE_NAME]
+        self.residency = ResidencyServicer(self.ledger, self.servicer)
+        add_guarded(residency_pb2_grpc.add_KVKeeperResidencyServicer_to_server, self.residency,
+                    self.server)
+        services = [SERVICE_NAME, RESIDENCY_SERVICE_NAME]
         self.admin: Optional[AdminServicer] = None
         if config.admin.enabled:
             self.admin = AdminServicer(self.ledger, self.servicer, self.stack)
@@ -145,12 +155,19 @@ class Daemon:
         self._reaper: Optional[asyncio.Task[None]] = None
         self._gc_ticker: Optional[asyncio.Task[None]] = None
         self._stopped = False
+        # Same-host peer handles (KV cache memory as descriptors), beside the socket.
+        self.peer: Optional[PeerService] = None
         self.gc = GcPolicy(config.server.gc_freeze_interval_seconds)
 
     @property
     def disk(self) -> Optional[DiskTier]:
         """The disk tier when one is configured (tests and tools reach its store here)."""
         return self.stack.tier(DiskTier.name)  # type: ignore[return-value]
+
+    @property
+    def cluster(self) -> Optional[Any]:
+        """The cluster tier when one is configured (a cluster.tier.ClusterTier)."""
+        return self.stack.tier(CLUSTER)
 
     def bind(self) -> int:
         lc = self.config.listen
@@ -163,6 +180,10 @@ class Daemon:
             _claim_socket_path(path)
             self.server.add_insecure_port(f"unix:{path}")
             self.socket_path = path
+            self.peer = PeerService(self.ledger, peer_socket_path(path), lc.socket_mode,
+                                    lambda p: give_group(p, self._gid))
+            self.peer.bind()
+            self.metrics.registry.register(PeerCollector(self.peer))
         if lc.tcp:
             if self._tcp_credentials is not None:
                 self.port = self.server.add_secure_port(lc.tcp, self._tcp_credentials)
@@ -183,6 +204,8 @@ class Daemon:
         if self.socket_path:
             os.chmod(self.socket_path, self.config.listen.socket_mode)
             give_group(self.socket_path, self._gid)
+        if self.peer is not None:
+            await self.peer.start()
         self._reaper = asyncio.get_running_loop().create_task(self._reap())
         self._gc_ticker = asyncio.get_running_loop().create_task(self._gc_ticks())
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -273,11 +296,14 @@ class Daemon:
         self.servicer.serving = False
         # Watches never end by themselves: they would hold the whole grace period.
         self.servicer.watches.end_all()
+        self.residency.end_all()
         if self._reaper:
             self._reaper.cancel()
         if self._gc_ticker:
             self._gc_ticker.cancel()
         await self.server.stop(grace)
+        if self.peer is not None:
+            await self.peer.stop()
         # No request comes any more: hand the heap back to CPython's own GC.
         self.gc.release()
         # Write-back: everything acknowledged reaches the tiers below before the arena goes.
@@ -295,13 +321,19 @@ class Daemon:
 
 
 def _lower_tiers(config: Config, ledger: Ledger) -> list[LowerTier]:
-    """The tiers below the arena that the configuration names, in lookup order."""
+    """The tiers below the arena that the configuration names, in lookup order:
+    the host's disk, then the cluster the hosts share."""
+    tiers: list[LowerTier] = []
     dt = config.disk_tier
-    if not dt.path:
-        return []
-    return [DiskTier.open(ledger, path=dt.path, capacity_bytes=dt.capacity_bytes,
-                          write_policy=dt.write_policy, admit_after_hits=dt.admit_after_hits,
-                          owner_id=dt.owner_id)]
+    if dt.path:
+        tiers.append(DiskTier.open(ledger, path=dt.path, capacity_bytes=dt.capacity_bytes,
+                                   write_policy=dt.write_policy,
+                                   admit_after_hits=dt.admit_after_hits, owner_id=dt.owner_id))
+    if config.cluster_tier.url:
+        # Here: the redis client takes ~0.5 s to import, a cost only a daemon using it pays.
+        from .tiers.cluster.settings import open_cluster_tier
+        tiers.append(open_cluster_tier(config, ledger))
+    return tiers
 
 
 def create_server(config: Config) -> tuple[Daemon, int]:

@@ -6,13 +6,16 @@ NamespaceId = NewType("NamespaceId", bytes)    # 16-byte digest of a NamespaceDe
 SessionId = NewType("SessionId", str)
 LeaseId = NewType("LeaseId", int)
 ReservationId = NewType("ReservationId", int)
-TierName = NewType("TierName", str)            # "gpu", "host", "disk"
+TierName = NewType("TierName", str)            # "gpu", "host", "disk", "cluster"
+# A reporting engine's public name: its session's non-secret tag ("s1a"), never the id.
+EngineId = NewType("EngineId", str)
 # Who registered a session: "token:<name>", "mtls:<subject>", "socket", "tcp", ...
 Identity = NewType("Identity", str)
 
 HOST = TierName("host")
 DISK = TierName("disk")
 GPU = TierName("gpu")
+CLUSTER = TierName("cluster")
 
 # In-process callers that name nobody (tests, benchmarks); no RPC is ever LOCAL.
 LOCAL = Identity("local")

@@ -33,6 +33,7 @@ from kvkeeper.client.url import parse_host_port
 from .ledger import EVICTION_REASONS
 from .ledger.sessions import END_REASONS
 from .ledger.views import tier_stats
+from .metrics_residency import residency_families
 from .version import package_version
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -49,8 +50,10 @@ RPC_METHODS: tuple[str, ...] = (
     "ReserveSave", "WriteBlocks", "CommitSave", "AbortSave", "Release", "Stats",
     "WatchSession",
 )
+# The RPCs of service kvkeeper.v1.KVKeeperResidency (residency.proto), in proto order.
+RESIDENCY_RPC_METHODS: tuple[str, ...] = ("ReportResidency", "Locate", "WatchEvents")
 # Calls held open for a client's lifetime: their errors count, they have no duration.
-HELD_RPC_METHODS: tuple[str, ...] = ("WatchSession",)
+HELD_RPC_METHODS: tuple[str, ...] = ("WatchSession", "WatchEvents")
 # The RPCs of service kvkeeper.v1.KVKeeperAdmin, in proto order.
 ADMIN_RPC_METHODS: tuple[str, ...] = (
     "ListNamespaces", "InspectBlock", "Evict", "Drain", "Verify",
@@ -116,6 +119,10 @@ class LedgerCollector:
               "(capacity; demoted: a lower tier keeps a copy), removed on request (admin, "
               "discarded), never committed (aborted, reservation_timeout), or found damaged "
               "or gone (corrupt, lost).", labels=tr),
+            c(p + "admission_refused", "New blocks a tier's admission turned away: on the host "
+              "tier a long run of blocks nobody saved lately that would have evicted (a one-off "
+              "document; ReserveSave answers SLOT_NOT_ADMITTED), on the disk tier a copy never "
+              "hit above bound for a full disk, the first time it came.", labels=tier),
             g(p + "tier_capacity_bytes", "Capacity of the tier.", labels=tier),
             g(p + "tier_used_bytes", "Bytes of the tier's pages held by blocks.", labels=tier),
             g(p + "tier_pinned_bytes",
@@ -179,6 +186,7 @@ class LedgerCollector:
             fam("saved_bytes").add_metric([name], t.saved_bytes)
             for reason in EVICTION_REASONS:
                 fam("evictions").add_metric([name, reason], t.evictions[reason])
+            fam("admission_refused").add_metric([name], t.admission_refused)
             fam("tier_capacity_bytes").add_metric([name], t.capacity_bytes)
             fam("tier_used_bytes").add_metric([name], t.used_bytes)
             fam("tier_pinned_bytes").add_metric([name], t.pinned_bytes)
@@ -192,13 +200,18 @@ class LedgerCollector:
                                               max(0, t.blocks - t.pending_blocks))
                 fam("tier_blocks").add_metric([name, "pending"], t.pending_blocks)
         out = list(f.values())
+        out += residency_families(L.residency)
         if stack is not None:
             # The tiers' own series (disk I/O, recovery ...), declared by each tier.
+            tier_families: dict[str, Any] = {}
             for tc in stack.counters():
-                kind = CounterMetricFamily if tc.kind == "counter" else GaugeMetricFamily
-                family = kind(p + tc.name, tc.help)
-                family.add_metric([], tc.value)
-                out.append(family)
+                family = tier_families.get(tc.name)
+                if family is None:
+                    kind = CounterMetricFamily if tc.kind == "counter" else GaugeMetricFamily
+                    family = tier_families[tc.name] = kind(p + tc.name, tc.help,
+                                                           labels=[k for k, _ in tc.labels])
+                    out.append(family)
+                family.add_metric([v for _, v in tc.labels], tc.value)
         return iter(out)
 
 
@@ -261,7 +274,8 @@ class Metrics:
             ["direction", "transport"], registry=registry, buckets=TRANSFER_BUCKETS)
         # Pre-create every child so each series exists at zero from start-up.
         self._rpc_hist = {m: self.rpc_duration.labels(method=m)
-                          for m in RPC_METHODS + ADMIN_RPC_METHODS if m not in HELD_RPC_METHODS}
+                          for m in RPC_METHODS + ADMIN_RPC_METHODS + RESIDENCY_RPC_METHODS
+                          if m not in HELD_RPC_METHODS}
         self._rpc_err: dict[tuple[str, str], Any] = {
             (m, c): self.rpc_errors.labels(method=m, code=c)
             for m in RPC_METHODS for c in RPC_ERROR_CODES}
@@ -307,7 +321,8 @@ class Metrics:
         mint a new series."""
         hist = self._rpc_hist.get(method)
         if hist is None:
-            _check(method, RPC_METHODS + ADMIN_RPC_METHODS, "RPC method")
+            _check(method, RPC_METHODS + ADMIN_RPC_METHODS + RESIDENCY_RPC_METHODS,
+                   "RPC method")
         if seconds is not None:
             if hist is None:
                 raise ValueError(f"{method} is held open for a client's lifetime: it has no "

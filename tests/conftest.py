@@ -8,6 +8,7 @@ import uuid
 from typing import Any, AsyncIterator
 
 import pytest
+from shm_paths import SHM_DIR, unique_shm_path
 
 from kvkeeper.server.app import Daemon, create_server
 from kvkeeper.server.config import Config, load_config
@@ -67,3 +68,14 @@ async def daemon_factory(sockdir: str) -> AsyncIterator[Any]:
 def daemon_config(sockdir: str) -> Any:
     """make_config in a fresh socket directory, for tests that build a daemon themselves."""
     return lambda **overrides: make_config(sockdir, **overrides)
+
+
+@pytest.fixture
+def shm_path(tmp_path):
+    """A unique arena path in /dev/shm (tmp_path where there is none), removed after the test."""
+    path = unique_shm_path(SHM_DIR or str(tmp_path))
+    yield path
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

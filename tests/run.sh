@@ -12,11 +12,19 @@ pkgs=()
 command -v systemd-analyze >/dev/null 2>&1 || pkgs+=(systemd)
 # openssl makes the throwaway CA of the mutual-TLS tests (tests/e2e/pki.py).
 command -v openssl >/dev/null 2>&1 || pkgs+=(openssl)
+# A Redis server and its CLI: the cluster tier's tests start a server and a
+# 3-master cluster of their own on loopback ports (tests/redis_servers.py).
+# Valkey where Debian has it (trixie on), Redis otherwise (bookworm).
+{ { command -v valkey-server || command -v redis-server; } &&
+  { command -v valkey-cli || command -v redis-cli; }; } >/dev/null 2>&1 || pkgs+=(redis-server)
 if [ ${#pkgs[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "tests/run.sh: installing Debian's ${pkgs[*]}" >&2
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq >/dev/null
+    if [[ " ${pkgs[*]} " == *" redis-server "* ]] && apt-cache show valkey-server >/dev/null 2>&1; then
+      pkgs=("${pkgs[@]/redis-server/valkey-server}")
+    fi
     apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
   else
     echo "tests/run.sh: ${pkgs[*]} missing and cannot apt-get them; the tests that need them will skip" >&2

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PROTOS = ["kvkeeper", "admin"]
+PROTOS = ["kvkeeper", "admin", "residency"]
 GENERATED = [f"{name}{suffix}" for name in PROTOS for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")]
 
 

@@ -70,6 +70,7 @@ class EngineProcess:
                                      env=engine_env() if env is None else env,
                                      start_new_session=True)
         self._lines: "queue.Queue[Optional[str]]" = queue.Queue()
+        self._owed = 0   # answers to commands sent that nobody has read yet
         threading.Thread(target=self._pump, name=f"engine-{name}", daemon=True).start()
 
     def _pump(self) -> None:
@@ -98,6 +99,7 @@ class EngineProcess:
         except queue.Empty:
             raise TimeoutError(f"{self._who()}no answer from the engine in {timeout:.0f} s; "
                                f"log {self.log_path}:\n{self.log_tail()}") from None
+        self._owed = max(0, self._owed - 1)
         if line is None:
             raise RuntimeError(f"{self._who()}engine exited ({self.proc.poll()}); log "
                                f"{self.log_path}, tail:\n{self.log_tail()}")
@@ -117,8 +119,18 @@ class EngineProcess:
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(cmd) + "\n")
         self.proc.stdin.flush()
+        self._owed += 1
 
     def call(self, timeout: float = CALL_TIMEOUT_S, **cmd: Any) -> Dict[str, Any]:
+        """`cmd`'s answer. Answers still owed to earlier commands (sent by
+        someone who stopped before reading them, e.g. a failed test) are read
+        and dropped first: otherwise this call would return one of them."""
+        while self._owed:
+            try:
+                self.read(timeout)
+            except RuntimeError:
+                if self.proc.poll() is not None:
+                    raise
         self.send(**cmd)
         return self.read(timeout)
 

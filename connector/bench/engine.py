@@ -4,7 +4,7 @@
         [--connector {none,kvkeeper,example}] [--url URL] [--report] [--extra JSON]
         [--storage DIR] [--timings FILE] [--block-size 32] [--max-model-len 4096]
         [--max-num-batched-tokens N] [--weights {dummy,checkpoint}] [--prefix-caching]
-        [--in-process]
+        [--kv-cache-dtype auto] [--tp 1] [--in-process] [--num-blocks N] [--no-hybrid]
 
 The engine of `kvkeeper bench ttft` and `stream-hit` and of the connector's
 engine tests (driver.py starts it and talks to it). Runs with a Python that
@@ -32,11 +32,15 @@ logging):
       max_tokens (default 1) tokens of each prompt, greedily; each prompt
       alone, one after the other, each after a pause of `settle` seconds
       (default 0) and, with collect, a gc.collect(); or with batch all of
-      them in one llm.generate ->
+      them in one llm.generate; with "salt": s, under that cache salt (no
+      prefix cache, vLLM's or the daemon's, holds it: a recompute) ->
       {"results": [{"tokens": [ids], "ttft": s, "wall": s, "cached": n,
                     "params": kv_transfer_params,
                     "timings": [timing lines written during the request],
-                    "before": [lines written before it: earlier background work]},
+                    "before": [lines written before it: earlier background work],
+                    "stages": vLLM's timestamps of it (stages()),
+                    "sent": time.monotonic() just before llm.generate (the
+                            timing lines' "at" are on the same clock)},
                    ...]}
       ttft is vLLM's first_token_latency (arrival to first token, measured
       by the front end), wall the time llm.generate took.
@@ -156,7 +160,9 @@ def generate(llm: Any, timings: Timings, cmd: Dict[str, Any]) -> List[Dict[str, 
             gc.collect()
         t = time.perf_counter()
         sent = time.monotonic()
-        outs = llm.generate([{"prompt_token_ids": p} for p in group], sp, use_tqdm=False)
+        salt = {"cache_salt": str(cmd["salt"])} if cmd.get("salt") else {}
+        outs = llm.generate([{"prompt_token_ids": p, **salt} for p in group], sp,
+                            use_tqdm=False)
         wall = time.perf_counter() - t
         during = timings.take()
         for o in outs:
@@ -165,7 +171,8 @@ def generate(llm: Any, timings: Timings, cmd: Dict[str, Any]) -> List[Dict[str, 
             results.append({"tokens": list(o.outputs[0].token_ids), "ttft": float(ttft),
                             "wall": wall, "cached": int(getattr(o, "num_cached_tokens", 0) or 0),
                             "params": o.kv_transfer_params, "timings": during,
-                            "before": before, "stages": stages(m, sent, float(ttft))})
+                            "before": before, "stages": stages(m, sent, float(ttft)),
+                            "sent": sent})
     return results
 
 
@@ -186,9 +193,16 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--weights", choices=("dummy", "checkpoint"), default="dummy",
                     help="vLLM's dummy weights, or the checkpoint in --model")
     ap.add_argument("--prefix-caching", action="store_true", help="vLLM's own prefix cache")
+    ap.add_argument("--kv-cache-dtype", default="auto", help="vLLM's kv_cache_dtype (e.g. fp8)")
+    ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
     # for profiling variants: another connector class / module
     ap.add_argument("--connector-class", default="", help=argparse.SUPPRESS)
     ap.add_argument("--connector-module", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--num-blocks", type=int, default=0,
+                    help="KV cache blocks (vLLM's num_gpu_blocks_override); default: vLLM's")
+    ap.add_argument("--no-hybrid", action="store_true",
+                    help="vLLM's hybrid KV cache manager off (as under a connector without "
+                         "SupportsHMA): sliding-window layers keep every block")
     ap.add_argument("--in-process", action="store_true",
                     help="run the engine core and the worker in this process (starts faster)")
     return ap.parse_args(argv)
@@ -214,8 +228,16 @@ def main() -> int:
         kw["kv_transfer_config"] = transfer
     if args.max_num_batched_tokens:
         kw["max_num_batched_tokens"] = args.max_num_batched_tokens
+    if args.num_blocks:
+        kw["num_gpu_blocks_override"] = args.num_blocks
+    if args.kv_cache_dtype != "auto":
+        kw["kv_cache_dtype"] = args.kv_cache_dtype
+    if args.tp > 1:
+        kw["tensor_parallel_size"] = args.tp
     if args.weights == "dummy":
         kw["load_format"] = "dummy"
+    if args.no_hybrid:
+        kw["disable_hybrid_kv_cache_manager"] = True
     with open(os.path.join(args.model, "config.json")) as fh:
         dtype = json.load(fh).get("torch_dtype", "float32")
     llm = LLM(model=args.model, skip_tokenizer_init=True, block_size=args.block_size,

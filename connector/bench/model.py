@@ -91,7 +91,9 @@ def write_model(path: str, cfg: Dict[str, Any] = MODEL) -> str:
 
 def describe(cfg: Dict[str, Any]) -> str:
     """The model as the results' params name it."""
-    return (f"dummy Llama, {cfg['num_hidden_layers']} layer(s), hidden {cfg['hidden_size']}, "
+    arch = (cfg.get("architectures") or ["LlamaForCausalLM"])[0]
+    name = "Llama" if arch == "LlamaForCausalLM" else arch.replace("ForCausalLM", "")
+    return (f"dummy {name}, {cfg['num_hidden_layers']} layer(s), hidden {cfg['hidden_size']}, "
             f"{cfg['num_attention_heads']} heads / {cfg['num_key_value_heads']} KV heads, "
             f"{cfg['torch_dtype']}")
 

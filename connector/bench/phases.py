@@ -49,7 +49,8 @@ def breakdown(rounds: List[Dict[str, Any]], key: str) -> Dict[str, float]:
     """Median seconds per phase of one request, from the engine's timing lines
     (and vLLM's per-request timestamps: stage.submit, .queue, .step, .out;
     lookup_calls: the scheduler's lookups of the request, more than one
-    when an answer was pending and the request waited a step)."""
+    when an answer was pending and the request waited a step; handoff.*:
+    handoffs())."""
     cols: Dict[str, List[float]] = {}
     for r in rounds:
         res = r[key]
@@ -73,9 +74,33 @@ def breakdown(rounds: List[Dict[str, Any]], key: str) -> Dict[str, float]:
         # for every engine, connector or not.
         for k, v in (res.get("stages") or {}).items():
             ph[f"stage.{k}"] = v
+        ph.update(handoffs(res.get("timings") or ()))
         lookups = [t for t in res.get("timings") or () if t.get("event") == "lookup"]
         if lookups:
             ph["lookup_calls"] = float(len(lookups))
         for k, v in ph.items():
             cols.setdefault(k, []).append(v)
     return {k: round(median(v), 6) for k, v in cols.items()}
+
+
+def handoffs(timings: Sequence[Dict[str, Any]]) -> Dict[str, float]:
+    """Where a loading step's time goes between the processes, from the
+    timing lines' "at" (one clock): to_worker, the scheduler's metadata
+    built (meta) until the worker bound it (bind: vLLM's hand-off and the
+    worker's input preparation); worker, bind until the worker's last
+    connector hook of the step (worker_out: loads, forward, the connector's
+    output); to_scheduler, worker_out until the scheduler took the
+    workers' report (output). Only the first loading step of the request,
+    and only what its lines show."""
+    first: Dict[str, float] = {}
+    for t in timings:
+        ev = t.get("event")
+        if ev in ("meta", "bind", "worker_out", "output") and ev not in first \
+                and isinstance(t.get("at"), (int, float)):
+            first[ev] = t["at"]
+    out: Dict[str, float] = {}
+    for name, a, b in (("to_worker", "meta", "bind"), ("worker", "bind", "worker_out"),
+                       ("to_scheduler", "worker_out", "output")):
+        if a in first and b in first and first[b] >= first[a]:
+            out[f"handoff.{name}"] = first[b] - first[a]
+    return out

@@ -61,9 +61,14 @@ def bench_env() -> Dict[str, str]:
 def engine_args(model_dir: str, in_process: bool, max_model_len: int = MAX_MODEL_LEN) -> List[str]:
     """engine.py's arguments every benchmark engine shares: dummy weights,
     blocks of BLOCK_TOKENS, vLLM's prefix cache off (a hit can only come
-    from the connector), a whole prompt in one step."""
+    from the connector), a whole prompt in one step, and vLLM's hybrid KV
+    cache manager off: KVKeeperConnector and ExampleConnector do not support
+    it, so their engines run without it, and the engines without a connector
+    do too, so that all keep the same blocks (on a sliding-window model
+    vLLM's own cache would otherwise keep less than the whole prompt, and
+    the floor would be another hit)."""
     args = ["--model", model_dir, "--block-size", str(BLOCK_TOKENS), "--max-model-len",
-            str(max_model_len), "--max-num-batched-tokens", str(max_model_len)]
+            str(max_model_len), "--max-num-batched-tokens", str(max_model_len), "--no-hybrid"]
     return args + (["--in-process"] if in_process else [])
 
 
@@ -97,6 +102,15 @@ class Rig:
     def wait_saved(self, saved: Sequence[Tuple[Dict[str, Any], List[int]]]) -> None:
         assert self.probe is not None, "start_daemon first"
         self.probe.wait_saved(saved)
+
+    def evict_all(self) -> None:
+        """Drop every unreferenced block (admin Evict all): each round of a
+        latency benchmark starts from an empty cache, so the arena's
+        eviction policy never decides what is measured (S3-FIFO evicts a
+        fresh, not yet hit prompt first: a round saving more than the arena's
+        small queue would lose its own blocks)."""
+        assert self.probe is not None, "start_daemon first"
+        self.probe.evict_all()
 
     def timings_path(self, engine: str) -> str:
         return os.path.join(self.tmp, f"timings-{engine}.jsonl")

@@ -146,6 +146,7 @@ class Bench:
         src = prefix + p.tokens(n - shared)      # what kvk-a saves and prefix serves
         partial = prefix + p.tokens(n - shared)  # shares only the prefix
         served = p.tokens(n)                     # prefix's floor prompt
+        self.rig.evict_all()   # the earlier rounds' blocks: see Rig.evict_all
         a_full = one("kvk-a", full)
         a_src = one("kvk-a", src)
         # kvk-a sends its saves in the background: all of it is in the daemon
@@ -235,11 +236,22 @@ def run(quick: bool = False, log: Callable[[str], None] = lambda s: None,
     python = python or engine_python()
     check_vllm(python)
     out: List[Result] = []
+    failed: List[str] = []
     for m in runs:   # one model's engines at a time
         with scratch_dir(f"kvkt-{m.label}-", log, "ttft") as tmp:
             bench = Bench(m, Scale.for_mode(quick), log, python, tmp)
             try:
                 out += bench.run()
+            except VerificationError as e:
+                # One model's set-up that cannot be measured (e.g. a baseline
+                # that is not the hit it should be) does not cost the others
+                # their figures: they run, and the run still fails at the end.
+                log(f"ttft {m.label}: NOT MEASURED: {e}")
+                failed.append(f"{m.label} ({m.source}): {e}")
             finally:
                 bench.close()
+    if failed:
+        if out:
+            log("ttft: results of the models measured:\n" + render_table(out))
+        raise VerificationError("; ".join(failed))
     return out

@@ -7,7 +7,19 @@ driver: it imports vLLM and torch at the top.
 Each class behaves exactly like its parent and only appends one JSON line per
 event to the file named by $KVKEEPER_BENCH_TIMINGS (nothing when unset):
 
-  {"event": "lookup", "dur": s, "tokens": n}   scheduler: get_num_new_matched_tokens
+  {"event": "new_request", "dur": s, "start_at": t}
+                                                scheduler: on_new_request (kvkeeper
+                                                submits its lookup there)
+  {"event": "lookup", "dur": s, "tokens": n, "start_at": t}
+                                                scheduler: get_num_new_matched_tokens
+  {"event": "meta", "dur": s}                  scheduler: build_connector_meta of a
+                                                step that loads
+  {"event": "bind"}                            worker: the metadata of a step that
+                                                loads is bound (the step begins)
+  {"event": "worker_out"}                      worker: that step's last connector hook
+                                                (build_connector_worker_meta)
+  {"event": "output", "dur": s}                scheduler: update_connector_output of a
+                                                step whose workers reported loads
   {"event": "load", "dur": s, "blocks": n, ...}
                                                 worker, a step that loads: dur is the
                                                 time the step waited for the
@@ -33,8 +45,11 @@ event to the file named by $KVKEEPER_BENCH_TIMINGS (nothing when unset):
                                                 one batch sent (Reserve, copy, CRC32,
                                                 Commit); off the step's critical path
 
-The writes happen inside the step (a few microseconds each); the runner
-(engine.py) reads the lines a request produced after it finished.
+Every line has "at", time.monotonic() when it was written (one clock for
+every process: the runner's "sent" is on it too), so the lines of one
+request make a timeline across the engine's processes. The writes happen
+inside the step (a few microseconds each); the runner (engine.py) reads the
+lines a request produced after it finished.
 """
 from __future__ import annotations
 
@@ -74,13 +89,28 @@ class _TimedLookup:
 
     _rec: _Recorder
 
+    def on_new_request(self, request: Any) -> None:
+        t = time.perf_counter()
+        start_at = time.monotonic()
+        super().on_new_request(request)  # type: ignore[misc]
+        self._rec.write({"event": "new_request", "dur": time.perf_counter() - t,
+                         "start_at": start_at})
+
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
         t = time.perf_counter()
+        start_at = time.monotonic()
         out = super().get_num_new_matched_tokens(request, num_computed_tokens)  # type: ignore[misc]
         self._rec.write({"event": "lookup", "dur": time.perf_counter() - t,
-                         "tokens": (out or (0,))[0] or 0,
+                         "start_at": start_at, "tokens": (out or (0,))[0] or 0,
                          "pending": bool(out) and out[0] is None})
         return out
+
+    def build_connector_meta(self, scheduler_output: Any) -> Any:
+        t = time.perf_counter()
+        meta = super().build_connector_meta(scheduler_output)  # type: ignore[misc]
+        if getattr(meta, "loads", None) or getattr(meta, "requests", None):
+            self._rec.write({"event": "meta", "dur": time.perf_counter() - t})
+        return meta
 
 
 class TimedKVKeeperConnector(_TimedLookup, KVKeeperConnector):
@@ -91,6 +121,7 @@ class TimedKVKeeperConnector(_TimedLookup, KVKeeperConnector):
         self._layer_wait_s = 0.0  # wait_for_layer_load (inside the forward)
         self._loads = 0           # blocks this step loads
         self._load_at = 0.0       # monotonic time start_load_kv began
+        self._loading = False     # this step loads (until build_connector_worker_meta)
         super().__init__(*args, **kwargs)
 
     def register_kv_caches(self, kv_caches: Any) -> None:
@@ -117,6 +148,9 @@ class TimedKVKeeperConnector(_TimedLookup, KVKeeperConnector):
         self._load_s = self._layer_wait_s = 0.0
         loads = getattr(connector_metadata, "loads", None) or ()
         self._loads = sum(s.num_blocks() for s in loads)
+        self._loading = bool(self._loads)
+        if self._loads:
+            self._rec.write({"event": "bind"})
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         t = time.perf_counter()
@@ -144,6 +178,19 @@ class TimedKVKeeperConnector(_TimedLookup, KVKeeperConnector):
                                  "forward": t - self._bound - self._load_s - self._layer_wait_s,
                                  "save": end - t})
                 self._bound = None
+
+    def build_connector_worker_meta(self) -> Any:
+        out = super().build_connector_worker_meta()
+        if self._loading:   # the worker's last hook of a step that loaded
+            self._rec.write({"event": "worker_out"})
+            self._loading = False
+        return out
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        t = time.perf_counter()
+        super().update_connector_output(connector_output)
+        if getattr(connector_output, "kv_connector_worker_meta", None) is not None:
+            self._rec.write({"event": "output", "dur": time.perf_counter() - t})
 
     def get_block_ids_with_load_errors(self) -> Any:
         t = time.perf_counter()

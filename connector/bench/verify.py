@@ -11,7 +11,12 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import grpc
+
 from kvkeeper.client import Client
+from kvkeeper.client.url import to_grpc_target
+from kvkeeper.v1.admin_pb2 import EvictRequest
+from kvkeeper.v1.admin_pb2_grpc import KVKeeperAdminStub
 from kvkeeper.connector.keys import chain_keys
 
 
@@ -124,6 +129,11 @@ class SavedProbe:
                     raise VerificationError(f"only {got} of {want} blocks of a prompt were "
                                             f"saved within {timeout:.0f} s")
                 time.sleep(0.02)
+
+    def evict_all(self) -> None:
+        """Evict every unreferenced block, through the daemon's admin API."""
+        with grpc.insecure_channel(to_grpc_target(self.url)) as channel:
+            KVKeeperAdminStub(channel).Evict(EvictRequest(all=True), timeout=30.0)
 
     def close(self) -> None:
         client: Optional[Any] = self.client

@@ -25,7 +25,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
-from kvkeeper.client.checksum import can_verify, checksum
+from kvkeeper.client.checksum import Hasher, can_verify, checksum
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 from ..blocks import BlockCodec
@@ -65,7 +65,14 @@ class BlockLoader:
         return self.codec.block_checksum(block_id, algo) == want
 
     def fetched_ok(self, f: FetchedLoad, i: int) -> bool:
-        """Whether block i of f, just copied in, matches its committed checksum."""
+        """Whether block i of f, just copied in, matches its committed checksum
+        (hashed over the bytes it was copied from: its arena view)."""
+        view = f.views[i] if f.views is not None else None
+        if view is not None:
+            algo, want = f.sums[i]
+            if not self._verify or algo == pb.CHECKSUM_NONE:
+                return True
+            return can_verify(algo) and checksum(algo, view) == want
         src = f.sources[i] if f.sources is not None else None
         return self.block_ok(f.spec.block_ids[i], f.sums[i], src)
 
@@ -115,25 +122,34 @@ class BlockLoader:
         """Drop the arena views, then release each load's lease, discarding its
         corrupt blocks (a load by the scheduler's refs has no lease here)."""
         for f in step.fetched:
-            f.sources = None
+            f.sources = f.views = None
             if self._releaser is not None:
                 self._releaser.release(f.lease_id, discard_indices=f.bad)
 
     def copy_and_check(self, step: StepLoads) -> None:
         """Copy every fetched block in and check it, then release the leases:
         layer by layer when a layer's attention waits for it (setting each
-        layer's event as it is in), else a block at a time (copy_check_in)."""
+        layer's event as it is in; each block's layer piece is hashed right
+        after its copy, while it is in cache, instead of a second pass over
+        every block after the last layer), else a block at a time
+        (copy_check_in)."""
         if not step.layer_done:
             self._blockwise(step)
             return
         codec = self.codec
         t0 = time.perf_counter()
+        lb = codec.layout.layer_bytes
+        hashers = [self._hashers(f) for f in step.fetched]
         try:
             for i, name in enumerate(codec.layer_names):
-                for f in step.fetched:
+                lo, hi = i * lb, (i + 1) * lb
+                for f, hs in zip(step.fetched, hashers):
                     if f.sources and f.copy_n:
                         codec.copy_layer_in(i, f.spec.block_ids[:f.copy_n],
                                             f.sources[:f.copy_n])
+                        # Each block's layer piece hashed while it is in cache.
+                        for h, v in hs:
+                            h.feed(v[lo:hi])
                 ev = step.layer_done.get(name)
                 if ev is not None:
                     ev.set()
@@ -146,8 +162,10 @@ class BlockLoader:
                 ev.set()
         t1 = time.perf_counter()
         step.timings.copy = t1 - t0
-        for f in step.fetched:
+        for f, hs in zip(step.fetched, hashers):
             if not step.abandoned:
+                for j, (h, _) in enumerate(hs):
+                    f.checked[j] = h.digest() == f.sums[j][1]
                 try:
                     self.check(f)
                 except Exception as e:  # noqa: BLE001
@@ -156,6 +174,21 @@ class BlockLoader:
                     f.good = 0
         self.release(step)
         step.timings.check = time.perf_counter() - t1
+
+    def _hashers(self, f: FetchedLoad) -> List[Tuple[Hasher, memoryview]]:
+        """Per block copied layer by layer (the leading f.copy_n, each in
+        order): a Hasher of its committed algorithm and its arena view, for
+        the blocks checked that way (one view; not checked already)."""
+        if not self._verify or f.views is None or not f.sources:
+            return []
+        out = []
+        for j in range(f.copy_n):
+            algo = f.sums[j][0]
+            v = f.views[j]
+            if v is None or j in f.checked or algo == pb.CHECKSUM_NONE or not can_verify(algo):
+                return out   # the rest are checked after the copy, as before
+            out.append((Hasher(algo), v))
+        return out
 
     def _blockwise(self, step: StepLoads) -> None:
         t0 = time.perf_counter()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from kvkeeper.client import KVKeeperClientError
 
@@ -40,6 +40,8 @@ class Fetcher:
         self._loader = loader
         self._results = results
         self._releaser = releaser
+        # Loads from a same-host peer's cache (peer/source.py), when this worker has peers.
+        self.peer: Optional[Callable[[LoadSpec], None]] = None
 
     def fetch_all(self, loads: Sequence[LoadSpec], timings: LoadTimings) -> List[FetchedLoad]:
         """Match every load under a lease; the ones that can be copied from the
@@ -63,6 +65,12 @@ class Fetcher:
         n = spec.num_blocks()
         if not keys or len(keys) != n:
             self._results.finish(spec, 0)
+            return None
+        if spec.peer is not None:
+            if self.peer is None:
+                self._results.finish(spec, 0)
+            else:
+                self.peer(spec)   # copied, checked and reported there
             return None
         f = self._fetch_by_refs(spec)
         if f is not None:
@@ -116,7 +124,8 @@ class Fetcher:
         m = len(refs)
         sources = block_sources(views, loader.codec.block_bytes)
         sums = [(b.checksum_algo, b.checksum) for b in refs]
-        f = FetchedLoad(spec, lease_id, m, sources, sums)
+        f = FetchedLoad(spec, lease_id, m, sources, sums,
+                        [v[0] if len(v) == 1 else None for v in views])
         if spec.recomputes_last and m == spec.num_blocks():
             # The forward writes the prompt's last token into this block, and
             # its recomputed KV may differ from the stored one in the last

@@ -19,16 +19,22 @@ __all__ = ["FetchedLoad", "LoadResults", "StepLoads"]
 class FetchedLoad:
     """One LoadSpec after its Match: a lease and views of its blocks in the arena."""
 
-    __slots__ = ("spec", "lease_id", "n", "copy_n", "sources", "sums", "checked", "good", "bad")
+    __slots__ = ("spec", "lease_id", "n", "copy_n", "sources", "views", "sums", "checked",
+                 "good", "bad")
 
     def __init__(self, spec: LoadSpec, lease_id: Optional[int], n: int,
-                 sources: List[torch.Tensor], sums: List[Tuple[int, int]]) -> None:
+                 sources: List[torch.Tensor], sums: List[Tuple[int, int]],
+                 views: Optional[Sequence[Optional[memoryview]]] = None) -> None:
         self.spec = spec
         self.lease_id = lease_id        # None: the scheduler's lease covers it
         self.n = n                      # blocks to copy in: the leading matched ones
         self.copy_n = n                 # of those, copied by the step's copy job
         self.checked: Dict[int, bool] = {}   # blocks copied and checked already
         self.sources: Optional[List[torch.Tensor]] = sources
+        # Per block, the same bytes as sources[i] as one memoryview (None: a
+        # block of several pieces): hashed as they are, without the ~5 us a
+        # tensor's .numpy() costs per block.
+        self.views: Optional[Sequence[Optional[memoryview]]] = views
         self.sums = sums                # (algo, checksum) per block, as committed
         self.good = 0                   # leading blocks copied in and checked
         self.bad: List[int] = []        # lease positions that failed their checksum

@@ -26,10 +26,10 @@ from ..ledger.quota import quota_for
 from ..tiers.stack import TierStack
 from .convert import tier_to_pb
 from .handler import rpc, rpc_stream
+from .sibling import Sibling, namespace_id
 
 log = logging.getLogger("kvkeeper.admin")
 
-NAMESPACE_ID_BYTES = 16
 # Verify reports progress about this many times, whatever the number of blocks.
 PROGRESS_STEPS = 100
 SALT_SET = "(set)"
@@ -44,7 +44,7 @@ class _VerifyCancelled(Exception):
     """Raised inside verify_all's thread once the caller has gone away."""
 
 
-class AdminServicer(apb_grpc.KVKeeperAdminServicer):
+class AdminServicer(Sibling, apb_grpc.KVKeeperAdminServicer):
     def __init__(self, ledger: Ledger, data: Any, stack: TierStack) -> None:
         """`data` is the KVKeeperServicer: its `serving` and `accepting_saves`
         flags, and its metrics, where admin calls are counted too."""
@@ -53,20 +53,8 @@ class AdminServicer(apb_grpc.KVKeeperAdminServicer):
         self.stack = stack
         self._verifying = False
 
-    @property
-    def serving(self) -> bool:
-        return bool(self.data.serving)
-
-    @property
-    def metrics(self) -> Any:
-        return getattr(self.data, "metrics", None)
-
     def _namespace_id(self, raw: bytes) -> NamespaceId:
-        if len(raw) != NAMESPACE_ID_BYTES:
-            raise InvalidArgument(f"a namespace id has {NAMESPACE_ID_BYTES} bytes "
-                                  f"({2 * NAMESPACE_ID_BYTES} hex digits), got {len(raw)}; "
-                                  "`kvkeeper ls` shows them")
-        return NamespaceId(bytes(raw))
+        return namespace_id(raw)
 
     # ------------------------------------------------------------ reading
     @rpc

@@ -3,14 +3,16 @@ from __future__ import annotations
 
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
-from ..ids import DISK, GPU, HOST, TierName
+from ..ids import CLUSTER, DISK, GPU, HOST, TierName
 from ..ledger import LookupReport, NamespaceDescriptor, SlotStatus
 
-TIER_TO_PB = {GPU: pb.TIER_GPU, HOST: pb.TIER_HOST, DISK: pb.TIER_DISK}
+TIER_TO_PB = {GPU: pb.TIER_GPU, HOST: pb.TIER_HOST, DISK: pb.TIER_DISK,
+              CLUSTER: pb.TIER_CLUSTER}
 SLOT_TO_PB = {
     SlotStatus.RESERVED: pb.SLOT_RESERVED,
     SlotStatus.PRESENT: pb.SLOT_PRESENT,
     SlotStatus.IN_FLIGHT: pb.SLOT_IN_FLIGHT,
+    SlotStatus.NOT_ADMITTED: pb.SLOT_NOT_ADMITTED,
 }
 
 

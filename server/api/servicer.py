@@ -33,10 +33,14 @@ log = logging.getLogger("kvkeeper.api")
 
 # 1 MiB: 4 MiB chunks overflow the L2 cache and measured slower end to end.
 STREAM_CHUNK_BYTES = 1 << 20
-# Packed chunks (LoadRequest.pack_blocks) of small blocks: up to 2 MiB. 12 MiB
-# in 192 KiB messages took 25-37 ms through raw grpc over TCP here, in 1-2 MiB
-# ones 15-24 ms, in 4 MiB ones 25 ms and in one message 87 ms.
-STREAM_PACK_BYTES = 2 << 20
+# Packed chunks (LoadRequest.pack_blocks) of small blocks: up to 1 MiB. 12 MiB
+# in 192 KiB messages took 25-37 ms through raw grpc over TCP here, in 4 MiB
+# ones 25 ms and in one message 87 ms. Through the daemon to a client's
+# blocking channel (keyed LoadStream, 3 runs each, 2026-12-02), 12 MiB took
+# 9.3-11.2 ms in 1 MiB packs against 13.6-17.4 ms in 2 MiB ones (192 KiB
+# blocks), 10.4-11.6 against 13.6-13.7 ms (384 KiB) and 8.9-9.8 against
+# 22.2-24.7 ms (64 KiB); 512 KiB packs 10.6-11.2 ms, one block a message 14.7-16.9.
+STREAM_PACK_BYTES = 1 << 20
 # Blocks per packed chunk at most: their checksums (varints of up to 10 bytes)
 # then fit in the margin left for a chunk's other fields.
 MAX_PACK_BLOCKS = 256
@@ -140,10 +144,14 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             pb_tiers = [tier_to_pb(tiers[0])] * len(tiers)
         else:
             pb_tiers = [tier_to_pb(t) for t in tiers]
+        # The gpu tier: another engine's cache may hold more (residency.py).
+        holder, gpu_n = self.ledger.gpu_holder(sid, request.keys)
+        gpu_engine = holder.engine if holder is not None else ""
         if not (request.blocks and r.lease_id):
             # The usual answer, serialized here (wire.py): no BlockRefs to carry.
-            return encode_match_response(r.matched, pb_tiers, r.lease_id or 0)
-        resp = pb.MatchResponse(matched=r.matched, tiers=pb_tiers, lease_id=r.lease_id)
+            return encode_match_response(r.matched, pb_tiers, r.lease_id or 0, gpu_n, gpu_engine)
+        resp = pb.MatchResponse(matched=r.matched, tiers=pb_tiers, lease_id=r.lease_id,
+                                gpu_matched=gpu_n, gpu_engine=gpu_engine)
         # No await since the lease was granted (the stack promotes into the
         # arena before it), so its blocks are arena blocks, still pinned.
         # Taken from the table, not ledger.lease(): nothing may fail once a
@@ -278,8 +286,9 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
                               "until it restarts; skip the save")
         now = self.clock()
         stream = request.transport == pb.TRANSPORT_STREAM
+        parent = request.parent_key if request.HasField("parent_key") else None
         r = self.ledger.reserve(SessionId(request.session_id), request.keys, now,
-                                track_writes=stream, owner=identity.of(context))
+                                track_writes=stream, parent=parent, owner=identity.of(context))
         resp = pb.ReserveSaveResponse(reservation_id=r.reservation_id or 0,
                                       expires_in_seconds=r.expires_at - now, pack_writes=stream)
         for status, b in zip(r.statuses, r.blocks):
@@ -365,7 +374,14 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             hit_blocks=sum(t.hit_blocks for t in tiers), eviction_policy=L.config.policy,
             hit_tokens=sum(t.hit_tokens for t in tiers),
             lookup_blocks=u.lookup_blocks, lookup_tokens=u.lookup_tokens,
-            prompt_blocks=u.prompt_blocks, prompt_tokens=u.prompt_tokens)
+            prompt_blocks=u.prompt_blocks, prompt_tokens=u.prompt_tokens,
+            tier_series=[pb.TierSeries(name=c.name, kind=c.kind, labels=dict(c.labels),
+                                       value=c.value) for c in self.stack.counters()],
+            engines=[pb.EngineStats(engine=b.engine, instance_id=b.instance_id,
+                                    namespace_id=b.namespace, resident_blocks=len(b.blocks),
+                                    resident_bytes=b.resident_bytes,
+                                    capacity_blocks=b.capacity_blocks)
+                     for b in L.residency.books.values()])
 
 
 def _chunk_groups(blocks: Sequence[Block], pack_bytes: int) -> Iterator[Tuple[int, List[Block]]]:

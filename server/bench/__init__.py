@@ -1,13 +1,21 @@
 """`kvkeeper bench`: the ledger, control-plane, checksum, data-plane, disk, GC and
 eviction-policy benchmarks.
 
-    kvkeeper bench {ledger,control,checksum,data,disk,gc,policy,ttft,stream-hit,gpu,all} [--json]
-                   [--quick] [--out FILE] [--engine-python PATH] [--model CONFIG.json ...]
-                   [--trace FILE]
+    kvkeeper bench {ledger,control,checksum,data,disk,gc,policy,ttft,stream-hit,gpu,cluster,all}
+                   [--json] [--quick] [--out FILE] [--engine-python PATH]
+                   [--model CONFIG.json ...] [--trace FILE] [--seed N] [--mix FIELD=VALUE ...]
+                   [--redis-cluster]
+
+`cluster` (cluster_bench.py; run only by name: it needs redis-server on PATH)
+starts its own redis-server on loopback, --redis-cluster also a Redis Cluster,
+and measures the cluster tier's save, load and chain probe against raw redis
+client calls of the same bytes and keys.
 
 `policy` replays LLM-serving traces through the ledger with each eviction
 policy against the offline optimum (policy_bench.py); --trace FILE replays a
-recorded trace instead of the generated mixes (format: policy_trace.py).
+recorded trace instead of the generated mixes (format: policy_trace.py);
+--seed N and --mix FIELD=VALUE (a field of policy_trace.Mix, set in every
+mix) generate other traces, to check a result against more than one.
 
 Every result carries its baseline, measured again in the same run side by
 side (see result.py for the JSON shape). --json prints the results as one
@@ -40,7 +48,8 @@ import sys
 import time
 from typing import Callable, Optional, Sequence
 
-from .registry import BENCHES, EXTRA_BENCHES, BenchUnavailable, BenchUsageError, runner
+from .registry import (BENCHES, EXTRA_BENCHES, NAMED_BENCHES, BenchUnavailable,
+                       BenchUsageError, runner)
 from .policy_trace import TraceError
 from .result import Result, render_table, to_json
 
@@ -49,14 +58,19 @@ def run_benches(names: Sequence[str], quick: bool,
                 log: Callable[[str], None] = lambda s: None,
                 engine_python: Optional[str] = None,
                 models: Optional[Sequence[str]] = None,
-                trace: Optional[str] = None) -> list[Result]:
+                trace: Optional[str] = None, seed: Optional[int] = None,
+                mix_changes: Optional[dict[str, str]] = None,
+                redis_cluster: Optional[bool] = None) -> list[Result]:
     results: list[Result] = []
     for name in names:
         t0 = time.perf_counter()
-        if name == "policy" and trace:
-            results += runner(name)(quick=quick, log=log, trace=trace)
+        if name == "policy" and (trace or seed is not None or mix_changes):
+            results += runner(name)(quick=quick, log=log, trace=trace, seed=seed or 1,
+                                    mix_changes=mix_changes or {})
         elif name == "ttft":
             results += runner(name)(quick=quick, log=log, python=engine_python, models=models)
+        elif name == "cluster":
+            results += runner(name)(quick=quick, log=log, redis_cluster=redis_cluster)
         elif name in EXTRA_BENCHES:
             results += runner(name)(quick=quick, log=log, python=engine_python)
         else:
@@ -72,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="all = " + ", ".join(BENCHES) + " (the daemon's benchmarks). ttft is not in all: "
                "it needs vLLM and torch and starts vLLM engines (CPU build: ~4 min, "
                "--quick ~1 min); run it by name.")
-    p.add_argument("which", choices=(*BENCHES, *EXTRA_BENCHES, "all"),
+    p.add_argument("which", choices=(*BENCHES, *EXTRA_BENCHES, *NAMED_BENCHES, "all"),
                    help="which benchmark to run; all = " + ", ".join(BENCHES)
                         + "; ttft (vLLM connector time to first token) is not in all")
     p.add_argument("--json", action="store_true", help="print the results as a JSON list")
@@ -89,6 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", metavar="FILE",
                    help="policy: replay this recorded trace (JSON lines of key chains) "
                         "instead of the generated traffic mixes")
+    p.add_argument("--redis-cluster", action="store_true", default=None,
+                   help="cluster: also measure against a Redis Cluster of 3 masters and 3 "
+                        "replicas it starts on loopback (default: one redis-server only)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="policy: the generator's seed (default 1)")
+    p.add_argument("--mix", metavar="FIELD=VALUE", action="append", default=None,
+                   help="policy: set a field of every generated mix (e.g. turn_gap=80, "
+                        "scan_blocks=32:128); repeatable")
     return p
 
 
@@ -105,6 +127,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.trace and args.which != "policy":
         print("kvkeeper bench: --trace is for policy only", file=sys.stderr)
         return 2
+    if args.redis_cluster and args.which != "cluster":
+        print("kvkeeper bench: --redis-cluster is for cluster only", file=sys.stderr)
+        return 2
+    if (args.seed is not None or args.mix) and args.which != "policy":
+        print("kvkeeper bench: --seed and --mix are for policy only", file=sys.stderr)
+        return 2
+    mix_changes = dict(m.partition("=")[::2] for m in args.mix or ())
+    if any(not k or not v for k, v in mix_changes.items()):
+        print("kvkeeper bench: --mix takes FIELD=VALUE", file=sys.stderr)
+        return 2
 
     def log(msg: str) -> None:
         if not args.quiet:
@@ -112,7 +144,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     try:
         results = run_benches(names, args.quick, log, engine_python=args.engine_python,
-                              models=args.model, trace=args.trace)
+                              models=args.model, trace=args.trace, seed=args.seed,
+                              mix_changes=mix_changes, redis_cluster=args.redis_cluster)
     except KeyboardInterrupt:
         print("kvkeeper bench: interrupted", file=sys.stderr)
         return 1

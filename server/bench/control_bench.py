@@ -60,7 +60,7 @@ class Scale:
 Call = Callable[[], Awaitable[Any]]
 
 
-async def _load(calls: list[Call], n: int, lat: list[float]) -> float:
+async def load_calls(calls: list[Call], n: int, lat: list[float]) -> float:
     """Each of `calls` (one per client) n times back to back; wall seconds."""
     perf = time.perf_counter
 
@@ -149,13 +149,13 @@ async def _one_level(c: int, scale: Scale, kvk: ServerProcess, raw: ServerProces
         wall = {k: 0.0 for k in kinds}
         log(f"control: {c} client(s): warm-up")
         for calls in kinds.values():
-            await _load(calls, scale.warmup, [])
+            await load_calls(calls, scale.warmup, [])
         n = scale.calls[c]
         log(f"control: {c} client(s): {scale.rounds} rounds of {c * n} calls per kind")
         for r in range(scale.rounds):
             order = list(kinds) if r % 2 == 0 else list(reversed(kinds))
             for k in order:
-                wall[k] += await _load(kinds[k], n, lat[k])
+                wall[k] += await load_calls(kinds[k], n, lat[k])
     finally:
         for cl in clients:
             await cl.close()

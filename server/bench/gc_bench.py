@@ -4,7 +4,8 @@
 One real Ledger (ledger_bench.build_filled: one tier of exactly N blocks, full)
 serves a stream of requests shaped like the daemon's request path: Match of a
 256-key chain of recently saved keys with a lease, a save of 1024 new blocks
-(reserve + commit, which evicts the 1024 least recently used), Release of the
+(reserve + commit in runs of 16 keys, as prefill steps save them, evicting
+1024 blocks in the policy's order), Release of the
 lease. Both configurations run on the same ledger, alternated phase by phase
 (default, policy, default, policy, ...) so that a change in machine load hits
 both alike:
@@ -47,7 +48,7 @@ from typing import Any, Callable, Optional
 from ..config import ServerSection
 from ..ledger import Ledger
 from ..ops.gcpolicy import GcPolicy
-from .ledger_bench import Clock, build_filled, keys_range, size_label
+from .ledger_bench import Clock, build_filled, keys_range, reserve_runs, size_label
 from .result import Result, percentile
 
 CHAIN = 256           # keys per Match: a 4k-token prompt at 16 tokens per block
@@ -122,8 +123,8 @@ class _Churn:
         t0 = perf()
         m = ledger.match(sid, chain, lease=True, now=self.clock())
         t1 = perf()
-        res = ledger.reserve(sid, new, self.clock())
-        ledger.commit(sid, res.reservation_id, self.clock())
+        for rid in reserve_runs(ledger, sid, new, self.clock()):
+            ledger.commit(sid, rid, self.clock())
         if m.lease_id is not None:
             ledger.release(sid, m.lease_id, self.clock())
         t2 = perf()

@@ -4,24 +4,37 @@ measured for each eviction policy (names end in .<policy>).
 For each population N (10k, 100k, 1M resident blocks; 10k and 100k with --quick)
 one ledger is built with a single tier whose page equals the block size
 (4096 B) and whose capacity is exactly N blocks, then filled through the
-public API (reserve + commit, 4096 keys per call, one session with a huge
-lease TTL). Then:
+public API (reserve + commit, one session with a huge lease TTL). Every
+reserve names RUN = 16 keys, a prefill step's worth: s3fifo's admission
+refuses a longer run of fresh keys on a full tier, and files one on a tier
+with room as a cold run, which would measure its cold queue instead of
+eviction from probation and main. Then:
 
 * match: `Ledger.match` of a 256-key chain (all present, no lease), at random
   positions, per block. Baseline: the least work any match must do, a loop
   of `dict.get` over the same number of fresh keys on the ledger's own
   namespace dict (same size, same memory layout). Keys are fresh bytes objects
   for both (as they come off the wire), so both pay for hashing.
-* evict: with the tier full of unreferenced blocks, a `reserve` of 4096 new
-  keys must evict 4096 blocks first; its cost per block is the result.
-  Baseline: the same reserve when the pages are free (the evicting
-  reservation is aborted, which frees exactly those pages, and 4096 other new
-  keys are reserved), at the same N. The difference is the eviction itself.
-* evict flatness: evict cost per block at the largest N over the smallest.
-  The smallest ledger is kept and measured again rep by rep beside the
-  largest, so a change in machine load hits both alike. An O(1) eviction keeps
-  this near 1 (cache misses grow a little with N); an O(log N) one would be
-  about 1.5 from 10k to 1M, an O(N) one ~100.
+* evict: with the tier full of unreferenced blocks, a reserve of 4096 new
+  keys must evict 4096 blocks first; its cost per block is the result. It
+  is the daemon's own reserve (reserve_internal, as a promotion: the same
+  steps as a client's without the session lookup, and never refused by
+  admission), so one call covers the 4096 and no per-call work dilutes the
+  per-block figure. Baseline: the same reserve when the pages are free (the
+  evicting reservation is aborted, which frees exactly those pages, and
+  4096 other new keys are reserved), at the same N. The difference is the
+  eviction itself. The cyclic GC is off inside each timed window (frozen
+  as well, see below), so no collection lands in a measurement.
+* evict, cold caches: the same, each rep preceded at every N by copying a
+  256 MiB buffer through the CPU, which evicts the ledger from every cache
+  level and the TLB. A 1M-block ledger (~300 MB) never fits in the caches,
+  a 10k one (~3 MB) always does: the warm figures' ratio measures that; with
+  the caches cold at every size what is left to grow is the work per block.
+* evict flatness: evict cost per block at the largest N over the smallest,
+  warm and with cold caches. The smallest ledger is kept and measured again
+  rep by rep beside the largest, so a change in machine load hits both
+  alike. An O(1) eviction keeps this near 1 (cache misses grow a little
+  with N); an O(log N) one would be about 1.5 from 10k to 1M, an O(N) one ~100.
 * memory: tracemalloc delta from before the ledger is built to after the
   largest fill, per block (1M, or 100k with --quick). Everything the ledger
   holds counts: keys, Block records, the namespace dict, page numbers, the
@@ -40,17 +53,19 @@ import random
 import time
 import tracemalloc
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from ..ids import HOST
 from ..ledger import Ledger, LedgerConfig, NamespaceDescriptor, TierSpec
-from ..ledger.policy import DEFAULT_POLICY, POLICIES
+from ..ledger.policy import DEFAULT_POLICY, POLICIES, S3FIFOPolicy
 from .result import Result
 
 BLOCK_BYTES = 4096
 CHAIN = 256
 BATCH = 4096
 KEY_BYTES = 32
+RUN = S3FIFOPolicy.RUN           # keys per reserve: a run every policy admits
+FLUSH_BYTES = 256 << 20          # > any last-level cache: copied to make them cold
 
 
 @dataclass(frozen=True)
@@ -101,11 +116,36 @@ def build_filled(n: int, batch: int, clock: Clock,
         clock())
     sid = session.id
     for start in range(0, n, batch):
-        keys = keys_range(start, min(batch, n - start))
         now = clock()
-        res = ledger.reserve(sid, keys, now)
-        ledger.commit(sid, res.reservation_id, now)
+        for rid in reserve_runs(ledger, sid, keys_range(start, min(batch, n - start)), now):
+            ledger.commit(sid, rid, now)
     return ledger, sid
+
+
+def reserve_runs(ledger: Ledger, sid: str, keys: Sequence[bytes], now: float) -> list[int]:
+    """Reserve `keys` (all new) in runs of RUN, as prefill steps save them;
+    returns the reservation ids."""
+    out = []
+    for i in range(0, len(keys), RUN):
+        rid = ledger.reserve(sid, keys[i:i + RUN], now).reservation_id
+        if rid is None:
+            raise RuntimeError("bench setup: a reserve of new keys reserved nothing")
+        out.append(rid)
+    return out
+
+
+class CacheFlush:
+    """Copies a buffer larger than the last-level cache through the CPU, so
+    what is measured next finds its memory cold (caches and TLB)."""
+
+    def __init__(self, nbytes: int = FLUSH_BYTES) -> None:
+        self._buf = memoryview(bytearray(nbytes))
+        self._half = nbytes // 2
+
+    def __call__(self) -> None:
+        h = self._half
+        self._buf[h:] = self._buf[:h]
+        self._buf[:h] = self._buf[h:]
 
 
 def _dict_walk(d: dict, keys: list[bytes]) -> int:
@@ -151,11 +191,11 @@ class _Filled:
         self.k = min(batch, max(1, n // 2))
         self.next_key = n
 
-    def evict_once(self) -> tuple[float, float]:
+    def evict_once(self, flush: Optional[CacheFlush] = None) -> tuple[float, float]:
         """(ns/block of a reserve that evicts k blocks, ns/block of a reserve of
-        k keys into free pages); leaves the tier full again."""
+        k keys into free pages); leaves the tier full again. `flush`: run
+        before each of the two timed windows."""
         ledger, sid, k, tier = self.ledger, self.sid, self.k, self.ledger.top
-        perf = time.perf_counter
         if tier.free_pages != 0 or tier.evictable_pages != self.n:
             raise RuntimeError("bench setup: the tier is not full of unreferenced blocks")
         a = keys_range(self.next_key, k)
@@ -163,18 +203,30 @@ class _Filled:
         self.next_key += 2 * k
         ev0 = sum(tier.evictions.values())
         now = self.clock()
-        t0 = perf()
-        res = ledger.reserve(sid, a, now)
-        t1 = perf()
+        ns_id = ledger.sessions[sid].ns.id   # type: ignore[index]
+        rid, t_evict = _timed(lambda: ledger.reserve_internal(ns_id, a, now).reservation_id, flush)
         if sum(tier.evictions.values()) - ev0 != k:
             raise RuntimeError("bench setup: the reserve did not evict one block per key")
-        ledger.abort(sid, res.reservation_id, now)   # frees exactly k pages
+        ledger.abort_internal(rid, now)      # frees exactly k pages
         now = self.clock()
-        t2 = perf()
-        res = ledger.reserve(sid, b, now)
-        t3 = perf()
-        ledger.commit(sid, res.reservation_id, now)
-        return (t1 - t0) / k * 1e9, (t3 - t2) / k * 1e9
+        rid, t_plain = _timed(lambda: ledger.reserve_internal(ns_id, b, now).reservation_id, flush)
+        ledger.commit_internal(rid, now)
+        return t_evict / k * 1e9, t_plain / k * 1e9
+
+
+def _timed(fn: Callable[[], Any], flush: Optional[CacheFlush]) -> tuple[Any, float]:
+    """fn()'s result and its seconds, with the cyclic GC off (after `flush`)."""
+    if flush is not None:
+        flush()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        out = fn()
+        return out, time.perf_counter() - t0
+    finally:
+        if was:
+            gc.enable()
 
 
 def _median(xs: list[float]) -> float:
@@ -219,12 +271,13 @@ def _run_policy(policy: str, scale: Scale, log: Callable[[str], None], seed: int
                 dict_bytes: float) -> list[Result]:
     rng = random.Random(seed)
     results: list[Result] = []
-    evict_by_size: dict[int, float] = {}
+    evict_by_size: dict[tuple[int, bool], float] = {}   # (N, cold caches) -> ns/block
     mem_per_block = 0.0
     sizes = sorted(scale.sizes)
     lo, hi = sizes[0], sizes[-1]
     small: Optional[_Filled] = None     # kept, to be measured again beside the largest
-    small_beside_hi: list[float] = []
+    beside_hi: dict[bool, list[float]] = {False: [], True: []}
+    flush = CacheFlush()
     gc_was_enabled = gc.isenabled()
     for n in sizes:
         clock = Clock()
@@ -254,14 +307,12 @@ def _run_policy(policy: str, scale: Scale, log: Callable[[str], None], seed: int
         try:
             log(f"ledger: {policy}: {n} blocks filled in {t_fill:.1f}s; timing match and evict")
             m_ledger, m_dict = _measure_match(ledger, sid, n, scale.chains, clock, rng)
-            evicting: list[float] = []
-            plain: list[float] = []
+            reps: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
             for _ in range(scale.evict_reps):
-                ev, pl = filled.evict_once()
-                evicting.append(ev)
-                plain.append(pl)
-                if n == hi and small is not None:
-                    small_beside_hi.append(small.evict_once()[0])
+                for cold in (False, True):
+                    reps[cold].append(filled.evict_once(flush if cold else None))
+                    if n == hi and small is not None:
+                        beside_hi[cold].append(small.evict_once(flush if cold else None)[0])
             if n <= 100_000:
                 ledger.check_invariants()
         finally:
@@ -270,8 +321,6 @@ def _run_policy(policy: str, scale: Scale, log: Callable[[str], None], seed: int
             small = filled
         del ledger, filled
         gc.collect()
-        ev, pl = _median(evicting), _median(plain)
-        evict_by_size[n] = ev
         label = size_label(n)
         results.append(Result(
             name=f"ledger.match_ns_per_block.{label}.{policy}", value=m_ledger, unit="ns/block",
@@ -279,22 +328,34 @@ def _run_policy(policy: str, scale: Scale, log: Callable[[str], None], seed: int
             better="lower", params={"resident_blocks": n, "chain": CHAIN, "chains": scale.chains,
                                     "lease": False, "policy": policy},
             note="Ledger.match of a 256-key chain; the ratio is the ledger's overhead over a bare lookup"))
-        results.append(Result(
-            name=f"ledger.evict_ns_per_block.{label}.{policy}", value=ev, unit="ns/block",
-            baseline_name="the same reserve into free pages (no eviction)", baseline_value=pl,
-            better="lower", params={"resident_blocks": n, "keys_per_reserve": min(scale.batch, n // 2),
-                                    "reps": scale.evict_reps, "policy": policy},
-            note="reserve that evicts one unreferenced block per new key, per block (median of reps)"))
+        for cold in (False, True):
+            ev = evict_by_size[(n, cold)] = _median([e for e, _ in reps[cold]])
+            results.append(Result(
+                name=f"ledger.evict{'_cold' if cold else ''}_ns_per_block.{label}.{policy}",
+                value=ev, unit="ns/block",
+                baseline_name="the same reserve into free pages (no eviction)",
+                baseline_value=_median([p for _, p in reps[cold]]), better="lower",
+                params={"resident_blocks": n, "keys_per_reserve": min(scale.batch, n // 2),
+                        "reps": scale.evict_reps, "policy": policy,
+                        "caches": "cold" if cold else "warm", "gc": "frozen, off while timed"},
+                note="reserve that evicts one unreferenced block per new key, per block "
+                     "(median of reps)" + (", caches flushed before each" if cold else "")))
     del small
-    results.append(Result(
-        name=f"ledger.evict_flatness.{size_label(hi)}_vs_{size_label(lo)}.{policy}",
-        value=evict_by_size[hi], unit="ns/block",
-        baseline_name=f"evict ns/block at {size_label(lo)} resident, measured rep by rep "
-                      f"beside the {size_label(hi)} one",
-        baseline_value=_median(small_beside_hi) if small_beside_hi else evict_by_size[lo],
-        better="lower", target="<= 1.5", target_of="ratio",
-        params={"sizes": list(scale.sizes), "reps": scale.evict_reps, "policy": policy},
-        note="eviction must cost the same per block whatever the population (O(1))"))
+    for cold in (False, True):
+        hi_lo = f"{size_label(hi)}_vs_{size_label(lo)}"
+        results.append(Result(
+            name=f"ledger.evict{'_cold' if cold else ''}_flatness.{hi_lo}.{policy}",
+            value=evict_by_size[(hi, cold)], unit="ns/block",
+            baseline_name=f"evict ns/block at {size_label(lo)} resident, measured rep by rep "
+                          f"beside the {size_label(hi)} one",
+            baseline_value=(_median(beside_hi[cold]) if beside_hi[cold]
+                            else evict_by_size[(lo, cold)]),
+            better="lower", target="<= 1.5", target_of="ratio",
+            params={"sizes": list(scale.sizes), "reps": scale.evict_reps, "policy": policy,
+                    "caches": "cold" if cold else "warm"},
+            note="eviction must cost the same per block whatever the population (O(1))"
+                 + ("; caches flushed at every size, so what is left is the work" if cold
+                    else "; warm: a 10k ledger fits in the caches, a 1M one does not")))
     results.append(Result(
         name=f"ledger.memory_bytes_per_block.{size_label(scale.memory_blocks)}.{policy}",
         value=mem_per_block, unit="B/block",

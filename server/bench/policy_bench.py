@@ -16,7 +16,8 @@ the way the connector drives it:
                                        one that strands blocks)
 
 A save the tier cannot hold (too much pinned or pending) is dropped, as the
-connector drops it. The baseline of each result is the offline optimum
+connector drops it; so is one the policy's admission turns away (its keys
+come back NOT_ADMITTED: a long run of fresh keys on a full tier). The baseline of each result is the offline optimum
 (policy_optimum.py, Belady over blocks) at the same capacity on the same
 trace, so each ratio is the policy's share of the reachable hit ratio. The
 default policy's results carry the issue's target (>= 0.8 of the optimum),
@@ -27,7 +28,7 @@ and one result per point compares it with lru (target >= 1.0).
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from ..errors import ResourceExhausted
 from ..ids import HOST
@@ -36,6 +37,7 @@ from ..ledger.chains import stranded
 from ..ledger.policy import DEFAULT_POLICY, POLICIES
 from .policy_optimum import optimum_hits
 from .policy_trace import MIXES, Request, generate, read_trace, reread_working_set
+from .registry import BenchUsageError
 from .result import Result
 
 BLOCK_BYTES = 4096
@@ -47,9 +49,10 @@ QUICK_REQUESTS = 400
 class Replay:
     """What one policy did with one trace at one capacity."""
 
-    def __init__(self, hits: int, asked: int, dropped: int, stranded: int, seconds: float) -> None:
+    def __init__(self, hits: int, asked: int, dropped: int, stranded: int, seconds: float,
+                 refused: int = 0) -> None:
         self.hits, self.asked, self.dropped = hits, asked, dropped
-        self.stranded, self.seconds = stranded, seconds
+        self.stranded, self.seconds, self.refused = stranded, seconds, refused
 
     @property
     def ratio(self) -> float:
@@ -95,18 +98,25 @@ def replay(requests: Sequence[Request], capacity: int, policy: str) -> Replay:
     seconds = time.perf_counter() - t0
     left = sum(1 for ns in led.namespaces.values() for b in ns.blocks.values() if stranded(b))
     led.check_invariants()
-    return Replay(hits, asked, dropped, left, seconds)
+    return Replay(hits, asked, dropped, left, seconds, led.top.admission_refused)
 
 
 def run(quick: bool = False, *, log: Callable[[str], None] = lambda s: None,
         trace: Optional[str] = None, seed: int = 1,
-        policies: Optional[Sequence[str]] = None, requests: Optional[int] = None) -> list[Result]:
+        policies: Optional[Sequence[str]] = None, requests: Optional[int] = None,
+        mix_changes: Mapping[str, str] = {}) -> list[Result]:
+    """`seed` and `mix_changes` (Mix.changed, applied to every mix) check that
+    the figures do not hang on one trace."""
     names = list(policies or sorted(POLICIES))
     if trace is not None:
         traces = {"trace": read_trace(trace)}
     else:
         n = requests or (QUICK_REQUESTS if quick else None)
-        traces = {name: generate(mix.scaled(n) if n else mix, seed) for name, mix in MIXES.items()}
+        try:
+            mixes = {name: mix.changed(mix_changes) for name, mix in MIXES.items()}
+        except ValueError as e:
+            raise BenchUsageError(str(e)) from None
+        traces = {name: generate(mix.scaled(n) if n else mix, seed) for name, mix in mixes.items()}
     results: list[Result] = []
     for mix, reqs in traces.items():
         ws = reread_working_set(reqs)
@@ -124,7 +134,7 @@ def run(quick: bool = False, *, log: Callable[[str], None] = lambda s: None,
             label = f"{mix}.{round(point * 100)}pct"
             params = {"mix": mix, "capacity_blocks": cap, "capacity_of_working_set": point,
                       "working_set_blocks": ws, "requests": len(reqs), "looked_up_blocks": asked,
-                      "seed": seed if trace is None else None}
+                      "seed": seed if trace is None else None, "mix_changes": dict(mix_changes)}
             for name, rp in got.items():
                 default = name == DEFAULT_POLICY
                 results.append(Result(
@@ -134,6 +144,7 @@ def run(quick: bool = False, *, log: Callable[[str], None] = lambda s: None,
                     target=">= 0.8" if default else None, target_of="ratio",
                     params={**params, "policy": name, "default": default,
                             "dropped_saves_blocks": rp.dropped,
+                            "not_admitted_blocks": rp.refused,
                             "stranded_blocks_left": rp.stranded,
                             "replay_seconds": round(rp.seconds, 2)},
                     note="block hit ratio through the real Ledger; ratio = share of the optimum"))

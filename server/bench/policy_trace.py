@@ -42,7 +42,7 @@ import heapq
 import json
 import random
 from dataclasses import dataclass, replace
-from typing import Iterable, Optional
+from typing import Iterable, Mapping, Optional
 
 KEY_BYTES = 32
 
@@ -78,6 +78,26 @@ class Mix:
 
     def scaled(self, requests: int) -> "Mix":
         return replace(self, requests=requests)
+
+    def changed(self, changes: Mapping[str, str]) -> "Mix":
+        """This mix with fields set from text (`turn_gap=80`, `scan_blocks=32:128`:
+        a range as LOW:HIGH), to check that a result does not hang on one
+        shape of the generator. ValueError names a bad field or value."""
+        kw: dict[str, object] = {}
+        for name, text in changes.items():
+            if name not in self.__dataclass_fields__ or name == "name":
+                raise ValueError(f"mix field {name!r} does not exist; one of "
+                                 f"{sorted(f for f in self.__dataclass_fields__ if f != 'name')}")
+            cur = getattr(self, name)
+            try:
+                kw[name] = (tuple(int(x) for x in text.split(":")) if isinstance(cur, tuple)
+                            else type(cur)(text))
+            except ValueError:
+                raise ValueError(f"mix field {name}={text!r}: not a {type(cur).__name__}"
+                                 + (" (LOW:HIGH)" if isinstance(cur, tuple) else "")) from None
+            if isinstance(cur, tuple) and len(kw[name]) != 2:  # type: ignore[arg-type]
+                raise ValueError(f"mix field {name}={text!r}: a range is LOW:HIGH")
+        return replace(self, **kw)  # type: ignore[arg-type]
 
 
 MIXES: dict[str, Mix] = {m.name: m for m in (

@@ -18,6 +18,7 @@ from .result import Result
 BENCH_MODULES = {  # what `all` runs, in this order
     "ledger": "kvkeeper.server.bench.ledger_bench",
     "control": "kvkeeper.server.bench.control_bench",
+    "locate": "kvkeeper.server.bench.locate_bench",
     "checksum": "kvkeeper.server.bench.checksum_bench",
     "data": "kvkeeper.server.bench.data_bench",
     "disk": "kvkeeper.server.bench.disk_bench",
@@ -29,8 +30,14 @@ EXTRA_BENCH_MODULES = {  # run only by name: they need vLLM and torch (gpu: torc
     "stream-hit": "kvkeeper.connector.bench.stream_hit_bench",
     "gpu": "kvkeeper.connector.gpu.bench",   # needs torch with CUDA, not vLLM
 }
+# Daemon benchmarks run only by name, like the vLLM ones, because they start
+# another project's server: cluster needs redis-server (or valkey-server) on PATH.
+NAMED_BENCH_MODULES = {
+    "cluster": "kvkeeper.server.bench.cluster_bench",
+}
 BENCHES = tuple(BENCH_MODULES)
 EXTRA_BENCHES = tuple(EXTRA_BENCH_MODULES)
+NAMED_BENCHES = tuple(NAMED_BENCH_MODULES)
 VLLM_INSTALL = "pip install 'kvkeeper[vllm]'"
 
 
@@ -47,6 +54,8 @@ def runner(name: str) -> Callable[..., list[Result]]:
     """The `run` function of benchmark `name`."""
     if name in BENCH_MODULES:
         return importlib.import_module(BENCH_MODULES[name]).run
+    if name in NAMED_BENCH_MODULES:
+        return importlib.import_module(NAMED_BENCH_MODULES[name]).run
     if name not in EXTRA_BENCH_MODULES:
         raise ValueError(f"unknown benchmark {name!r}")
     module = EXTRA_BENCH_MODULES[name]
@@ -61,5 +70,6 @@ def runner(name: str) -> Callable[..., list[Result]]:
                                f"and {e.name} is not installed: {VLLM_INSTALL}") from e
 
 
-__all__ = ["BENCHES", "BENCH_MODULES", "EXTRA_BENCHES", "EXTRA_BENCH_MODULES", "VLLM_INSTALL",
+__all__ = ["BENCHES", "BENCH_MODULES", "EXTRA_BENCHES", "EXTRA_BENCH_MODULES", "NAMED_BENCHES",
+           "NAMED_BENCH_MODULES", "VLLM_INSTALL",
            "BenchUnavailable", "BenchUsageError", "runner"]

@@ -146,14 +146,15 @@ async def serve_raw(socket_path: str, buffer_bytes: int) -> None:
 
 
 async def serve_kvkeeper(socket_path: str, capacity: int, page_bytes: int, name: str,
-                         tcp: str = "") -> None:
+                         tcp: str = "", policy: str = "") -> None:
     from kvkeeper.server.app import create_server
     from kvkeeper.server.config import load_config
 
     config = load_config(None, env={}, overrides={
         "listen.socket": socket_path, "listen.tcp": tcp, "metrics.address": "",
         "host_tier.capacity_bytes": capacity, "host_tier.page_bytes": page_bytes,
-        "host_tier.name": name, "server.grace_seconds": 1.0, "server.log_level": "warning"})
+        "host_tier.name": name, "server.grace_seconds": 1.0, "server.log_level": "warning",
+        **({"ledger.eviction_policy": policy} if policy else {})})
     stop = _stop_event()
     daemon, _ = create_server(config)
     await daemon.start()
@@ -177,12 +178,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     kvk.add_argument("--page-bytes", type=int, required=True)
     kvk.add_argument("--name", required=True)
     kvk.add_argument("--tcp", default="", help="also listen on this host:port")
+    kvk.add_argument("--eviction-policy", default="", help="the ledger's (default: the daemon's)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.kind == "raw":
         coro = serve_raw(args.socket, args.buffer_bytes)
     else:
-        coro = serve_kvkeeper(args.socket, args.capacity, args.page_bytes, args.name, args.tcp)
+        coro = serve_kvkeeper(args.socket, args.capacity, args.page_bytes, args.name, args.tcp,
+                              args.eviction_policy)
     run_async(coro)
     return 0
 

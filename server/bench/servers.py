@@ -15,6 +15,17 @@ from typing import Optional
 READY_TIMEOUT_S = 60.0
 
 
+def terminate(proc: "subprocess.Popen[bytes]", timeout: float = 10.0) -> None:
+    """SIGTERM a child and reap it; SIGKILL if it has not exited after `timeout`."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class ServerProcess:
     """A serve_helper child: `with ServerProcess.raw(...) as s: s.url`."""
 
@@ -40,11 +51,12 @@ class ServerProcess:
 
     @classmethod
     def kvkeeper(cls, sockdir: str, capacity: int, page_bytes: int,
-                 tcp: str = "") -> "ServerProcess":
-        """tcp: also listen on this "host:port" (the remote path's transport)."""
+                 tcp: str = "", policy: str = "") -> "ServerProcess":
+        """tcp: also listen on this "host:port" (the remote path's transport);
+        policy: the ledger's eviction policy (default: the daemon's default)."""
         sock = os.path.join(sockdir, "kvk.sock")
         name = f"kvkeeper-bench-{uuid.uuid4().hex[:12]}"
-        extra = ["--tcp", tcp] if tcp else []
+        extra = (["--tcp", tcp] if tcp else []) + (["--eviction-policy", policy] if policy else [])
         return cls(["kvkeeper", "--socket", sock, "--capacity", str(capacity),
                     "--page-bytes", str(page_bytes), "--name", name, *extra], sock,
                    "kvkeeper daemon")
@@ -77,13 +89,7 @@ class ServerProcess:
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        terminate(proc)
         for f in (proc.stdin, proc.stdout):
             try:
                 if f is not None:

@@ -12,7 +12,7 @@ import sys
 from typing import Optional, Sequence
 
 from ..version import package_version
-from . import admin, serve, status
+from . import admin, route, serve, status
 from .format import err
 
 
@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_command(sub)
     status.add_command(sub)
     admin.add_commands(sub)
+    route.add_command(sub)
     sub.add_parser("bench", help="run the benchmark (kvkeeper bench --help)", add_help=False)
     sub.add_parser("experiment", add_help=False,
                    help="unique vs shared prefix on a vLLM server (kvkeeper experiment --help)")

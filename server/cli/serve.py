@@ -21,10 +21,12 @@ _FLAG_HELP = {
     "--policy": "eviction policy: s3fifo (default), hits-lru or lru",
     "--log-level": "debug, info, warning, error or critical",
     "--log-format": "text or json (one JSON object per line)",
+    "--cluster-url": "Redis/Valkey below the disk: redis://H:P, rediss://H:P (TLS) or "
+                     "redis+cluster://H:P,H:P (\"\" disables)",
 }
 _FLAG_METAVAR = {"--socket": "PATH", "--tcp": "HOST:PORT", "--metrics": "HOST:PORT",
                  "--capacity": "SIZE", "--page-size": "SIZE", "--policy": "NAME",
-                 "--log-level": "LEVEL", "--log-format": "FORMAT"}
+                 "--log-level": "LEVEL", "--log-format": "FORMAT", "--cluster-url": "URL"}
 
 
 def add_command(sub: Any) -> None:

@@ -45,8 +45,8 @@ from .loader import CLI_FLAGS, CONFIG_ENV, ENV_PREFIX, describe_precedence, env_
 from .parsers import GiB, KiB, MiB, TiB, parse_address, parse_duration, parse_size
 from .rendering import render_json, render_toml
 from .schema import (HOST_HEADER_BYTES, LOG_FORMATS, LOG_LEVELS, PAGE_ALIGN, SCHEMA, SECTIONS,
-                     AdminSection, AuthSection, Config, ConfigError, DiskTierSection,
-                     HostTierSection, LedgerSection, ListenSection, MetricsSection,
+                     AdminSection, AuthSection, ClusterTierSection, Config, ConfigError,
+                     DiskTierSection, HostTierSection, LedgerSection, ListenSection, MetricsSection,
                      ServerSection, TlsSection)
 
 __all__ = [
@@ -54,6 +54,7 @@ __all__ = [
     "GiB", "KiB", "MiB", "TiB", "parse_address", "parse_duration", "parse_size",
     "render_json", "render_toml",
     "HOST_HEADER_BYTES", "LOG_FORMATS", "LOG_LEVELS", "PAGE_ALIGN", "SCHEMA", "SECTIONS",
-    "AdminSection", "AuthSection", "Config", "ConfigError", "DiskTierSection", "HostTierSection",
+    "AdminSection", "AuthSection", "ClusterTierSection", "Config", "ConfigError",
+    "DiskTierSection", "HostTierSection",
     "LedgerSection", "ListenSection", "MetricsSection", "ServerSection", "TlsSection",
 ]

@@ -33,6 +33,7 @@ CLI_FLAGS: dict[str, str] = {
     "host_tier.page_bytes": "--page-size",
     "disk_tier.path": "--disk-path",
     "disk_tier.capacity_bytes": "--disk-capacity",
+    "cluster_tier.url": "--cluster-url",
     "ledger.eviction_policy": "--policy",
     "server.log_level": "--log-level",
     "server.log_format": "--log-format",
@@ -207,12 +208,15 @@ def _resolve_paths(config: Config, cwd: str) -> Config:
     def resolve(path: str) -> str:
         return os.path.normpath(os.path.join(cwd, os.path.expanduser(path))) if path else ""
 
-    tls = config.tls
+    tls, ct = config.tls, config.cluster_tier
     return replace(config, listen=replace(config.listen, socket=sock),
                    host_tier=replace(config.host_tier, shm_dir=shm),
                    disk_tier=replace(config.disk_tier, path=resolve(config.disk_tier.path)),
                    auth=replace(config.auth, tokens_file=resolve(config.auth.tokens_file)),
                    tls=replace(tls, cert_file=resolve(tls.cert_file), key_file=resolve(tls.key_file),
-                               client_ca_file=resolve(tls.client_ca_file)))
+                               client_ca_file=resolve(tls.client_ca_file)),
+                   cluster_tier=replace(ct, password_file=resolve(ct.password_file),
+                                        ca_file=resolve(ct.ca_file), cert_file=resolve(ct.cert_file),
+                                        key_file=resolve(ct.key_file)))
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 from kvkeeper.client.url import parse_host_port
 
+from ..tiers.cluster.config import check_key_prefix, parse_cluster_url
+
 KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
@@ -150,7 +152,8 @@ def convert(f: Any, raw: Any, text: bool) -> Any:
     """Convert one raw value for field `f`; `text` is True for env/flag sources. ValueError."""
     meta = f.metadata
     kind = meta["kind"]
-    if kind in ("path", "address", "dir", "shm_name", "choice", "group"):
+    if kind in ("path", "address", "dir", "shm_name", "choice", "group", "cluster_url",
+                "key_prefix", "text"):
         if not isinstance(raw, str):
             raise ValueError(f"expected a string, got {type_name(raw)}")
         value: Any = raw
@@ -162,6 +165,10 @@ def convert(f: Any, raw: Any, text: bool) -> Any:
             raise ValueError(f"{value!r} is not a segment name: use 1-200 of A-Z a-z 0-9 . _ -")
         elif kind == "group" and value and not _GROUP_RE.match(value):
             raise ValueError(f"{value!r} is not a group name or a numeric gid")
+        elif kind == "cluster_url" and value:
+            parse_cluster_url(value)
+        elif kind == "key_prefix":
+            check_key_prefix(value)
         elif kind == "choice":
             value = value.strip().lower()
             value = meta.get("aliases", {}).get(value, value)

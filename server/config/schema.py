@@ -95,6 +95,9 @@ class LedgerSection:
     reservation_timeout_seconds: float = _opt(60.0, "duration",
                                               "an uncommitted save is aborted after this",
                                               min_excl=0)
+    event_buffer_keys: int = _opt(1 << 18, "int", "keys of residency events kept for "
+                                  "WatchEvents resumes (older ones are reported as a gap)",
+                                  min=1, max=1 << 26)
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,32 @@ class TlsSection:
 
 
 @dataclass(frozen=True)
+class ClusterTierSection:
+    url: str = _opt("", "cluster_url", "a Redis/Valkey server (redis://host:port, rediss:// for "
+                    "TLS) or cluster (redis+cluster://host:port,host:port) shared by the daemons "
+                    "of many hosts, below the host and disk tiers; \"\" disables")
+    key_prefix: str = _opt("kvk:", "key_prefix", "what every block's Redis key starts with "
+                           "(the daemons that share blocks use the same)")
+    write_policy: str = _opt("write-through", "choice",
+                             "write-through: a save is acknowledged once sent to the cluster "
+                             "(or dropped there); write-back: acknowledged in the arena, "
+                             "sent in the background", choices=("write-back", "write-through"))
+    admit_after_hits: int = _opt(0, "int", "send a block to the cluster only once it was hit "
+                                 "this many times (0: every block)", min=0, max=1 << 20)
+    timeout_seconds: float = _opt(1.0, "duration", "the most one cluster call may take; past it "
+                                  "the call is a miss (or a dropped write)", min_excl=0, max=60)
+    max_keys_per_call: int = _opt(256, "int", "keys a chain probe asks the cluster about in "
+                                  "one pipelined round trip", min=1, max=1 << 16)
+    max_connections: int = _opt(32, "int", "connections to each cluster node", min=1, max=4096)
+    username: str = _opt("", "text", "ACL user; \"\" is the default user")
+    password_file: str = _opt("", "path", "file holding the password (first line); \"\": none")
+    ca_file: str = _opt("", "path", "PEM CA bundle that signed the cluster's certificates "
+                        "(rediss://); \"\": the system's")
+    cert_file: str = _opt("", "path", "PEM client certificate, for a cluster that asks for one")
+    key_file: str = _opt("", "path", "PEM private key of cert_file")
+
+
+@dataclass(frozen=True)
 class Config:
     listen: ListenSection = field(default_factory=ListenSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
@@ -153,6 +182,7 @@ class Config:
     admin: AdminSection = field(default_factory=AdminSection)
     auth: AuthSection = field(default_factory=AuthSection)
     tls: TlsSection = field(default_factory=TlsSection)
+    cluster_tier: ClusterTierSection = field(default_factory=ClusterTierSection)
     # "section.key" -> where the value came from ("default", "environment variable ...").
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -166,6 +196,7 @@ class Config:
             max_keys_per_call=lg.max_keys_per_call,
             lease_ttl_s=lg.lease_ttl_seconds,
             reservation_timeout_s=lg.reservation_timeout_seconds,
+            event_buffer_keys=lg.event_buffer_keys,
         )
 
     def as_dict(self) -> dict[str, dict[str, Any]]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..tiers.cluster.config import ClusterConfigError, check_tls_keys, parse_cluster_url
 from .parsers import parse_address, show_raw, show_size
 from .schema import HOST_HEADER_BYTES, PAGE_ALIGN, Config, ConfigError
 
@@ -47,4 +48,10 @@ def validate(c: Config) -> None:
             parse_address(c.listen.tcp)[1] != 0:
         raise _fail(c, "metrics.address", f"the same address as listen.tcp (from "
                     f"{c.source_of('listen.tcp')}); pick another port", c.metrics.address)
-
+    ct = c.cluster_tier
+    if ct.url:
+        try:
+            check_tls_keys(parse_cluster_url(ct.url).tls, ct.ca_file, ct.cert_file, ct.key_file)
+        except ClusterConfigError as e:
+            name = e.key.split(".", 1)[1]
+            raise _fail(c, e.key, str(e), getattr(ct, name)) from None

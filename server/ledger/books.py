@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .chains import unlink
 from .records import Block
-from .states import Event, next_state
+from .states import BlockState, Event, next_state
 from .tier import Tier
 
 
@@ -45,8 +45,11 @@ def evict(b: Block, reason: str) -> int:
 
 def drop(b: Block, event: Event, reason: str) -> None:
     """Remove `b` from the ledger and free its pages. It is already unlinked."""
-    b.state = next_state(b, b.state, event, b.refs)
+    was = b.state
+    b.state = next_state(b, was, event, b.refs)
     tier: Tier = b.tier
+    if tier.events is not None and was is BlockState.COMMITTED:
+        tier.events.removed(b.ns.id, b.key)
     tier.pages.free(b.pages, b.ns.pages_per_block)
     b.ns.used_pages -= b.ns.pages_per_block
     tier.blocks -= 1

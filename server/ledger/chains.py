@@ -217,6 +217,9 @@ class ChainPolicy(EvictionPolicy):
     def admits(self, node: Any, key: Any, hits: int) -> bool:
         return self.inner.admits(node, key, hits)
 
+    def admit_run(self, keys: Sequence[Any], parent: Any, evicts: bool) -> str:
+        return self.inner.admit_run(keys, parent, evicts)
+
     def __len__(self) -> int:
         return len(self.stray) + len(self.due) + len(self.inner) + len(self.parked)
 

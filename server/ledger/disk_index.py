@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 from ..errors import InvariantViolation, ResourceExhausted
 from .policy import make_policy
@@ -74,6 +74,8 @@ class DiskIndex:
         self.written_blocks = 0
         self.written_bytes = 0
         self.refused = 0        # copies the policy's admission turned away
+        # Where its copies' stored / removed events go (events.TierEvents), if anywhere.
+        self.events: Any = None
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -124,6 +126,8 @@ class DiskIndex:
         self.written_blocks += 1
         self.written_bytes += entry.nbytes
         self._link(entry)
+        if self.events is not None:
+            self.events.stored(entry.where[0], [entry.where[1]])
 
     def failed(self, entry: DiskEntry) -> None:
         self._apply(entry, DiskEvent.FAILED)
@@ -143,6 +147,8 @@ class DiskIndex:
         self.entries[where] = entry
         self.used_bytes += nbytes
         self._link(entry)
+        if self.events is not None:
+            self.events.stored(ns, [key])
         return entry
 
     def pin(self, entry: DiskEntry) -> None:
@@ -172,11 +178,22 @@ class DiskIndex:
         Dropping an entry that is gone already (ABSENT) does nothing."""
         if entry.state is DiskState.ABSENT:
             return
-        was_linked = entry.pins == 0 and entry.state is DiskState.STORED
+        was_stored = entry.state is DiskState.STORED
         self._apply(entry, DiskEvent.DROP)
-        if was_linked:
+        if was_stored and entry.pins == 0:
             self._unlink(entry)
-        self._remove(entry, reason)
+        self._remove(entry, reason, was_stored)
+
+    def forget(self, entry: DiskEntry) -> None:
+        """Stop booking a stored, unpinned copy without counting an eviction: for
+        a tier whose medium decides what it keeps (the cluster), which books
+        copies only while it moves them. A pinned or unstored entry stays."""
+        if entry.state is not DiskState.STORED or entry.pins:
+            return
+        self._unlink(entry)
+        self._apply(entry, DiskEvent.DROP)
+        del self.entries[entry.where]
+        self.used_bytes -= entry.nbytes
 
     def evict_unpinned(self, reason: str = "admin") -> list[Where]:
         out = []
@@ -204,7 +221,7 @@ class DiskIndex:
         """Remove an entry just taken off the policy's list."""
         self._apply(victim, DiskEvent.EVICT)
         self.evictable_bytes -= victim.nbytes
-        self._remove(victim, reason)
+        self._remove(victim, reason, True)
 
     def _link(self, entry: DiskEntry) -> None:
         self._policy.add(entry)
@@ -214,10 +231,12 @@ class DiskIndex:
         self._policy.remove(entry)
         self.evictable_bytes -= entry.nbytes
 
-    def _remove(self, entry: DiskEntry, reason: str) -> None:
+    def _remove(self, entry: DiskEntry, reason: str, was_stored: bool) -> None:
         del self.entries[entry.where]
         self.used_bytes -= entry.nbytes
         self.evictions[reason] += 1
+        if was_stored and self.events is not None:
+            self.events.removed(*entry.where)
 
     def check_invariants(self) -> None:
         for where, e in self.entries.items():

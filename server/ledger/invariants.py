@@ -55,6 +55,9 @@ def check_ledger(led: "Ledger") -> None:
         book.check_invariants()
     for ns in led.namespaces.values():
         _check_chains(ns)
+    problems = led.residency.check_invariants(led.sessions)
+    if problems:
+        _bad("; ".join(problems))
 
 
 def _check_chains(ns) -> None:  # type: ignore[no-untyped-def]

@@ -23,11 +23,14 @@ from ..ids import LOCAL, BlockKey, Identity, LeaseId, NamespaceId, ReservationId
 from ..quoting import clip
 from . import books
 from .disk_index import DiskIndex
+from .events import DEFAULT_CAPACITY_KEYS, EventLog, TierEvents
 from .invariants import check_ledger
 from .lower import LowerBooks
 from .policy import DEFAULT_POLICY
 from .records import Block, Internal, Lease, Namespace, NamespaceDescriptor, Reservation, Session
+from .residency import Residency
 from .results import ExpiryReport, MatchResult
+from .routing import RoutingCalls
 from .saves import Saves
 from .sessions import CLOSED, DISCONNECTED, EXPIRED, SessionTable, Watch
 from .states import BlockState, Event
@@ -49,9 +52,11 @@ class LedgerConfig:
     max_keys_per_call: int = 4096
     lease_ttl_s: float = 30.0
     reservation_timeout_s: float = 60.0
+    # The residency events' replay buffer, in keys (events.py).
+    event_buffer_keys: int = DEFAULT_CAPACITY_KEYS
 
 
-class Ledger(Saves, LowerBooks):
+class Ledger(Saves, LowerBooks, RoutingCalls):
     def __init__(self, config: LedgerConfig, quotas: Optional[Mapping[str, int]] = None) -> None:
         if not config.tiers:
             raise ValueError("the ledger needs at least one tier")
@@ -78,6 +83,10 @@ class Ledger(Saves, LowerBooks):
         self.lookup_keys = 0
         self.usage = Usage()
         self.reservations_timed_out = 0
+        # The gpu tier: what each engine's own KV cache holds (residency.py).
+        self.residency = Residency(EventLog(config.event_buffer_keys))
+        for t in self.tiers.values():
+            t.events = TierEvents(self.residency.log, t.name)
 
     # ------------------------------------------------------------ sessions
     def register_session(self, instance_id: str, descriptor: NamespaceDescriptor,
@@ -156,6 +165,7 @@ class Ledger(Saves, LowerBooks):
         for rid in list(session.reservations):
             self._abort(self.reservations[rid], Event.ABORT)
         session.ns.sessions -= 1
+        self.residency.drop(session.id)
         self._sessions.forget(session, reason)
 
     # ------------------------------------------------------------ keys

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..ids import TierName
 from .disk_index import DiskIndex
+from .events import TierEvents
 from .records import Block, Lease, Namespace
 from .results import Located
 from .states import BlockState
@@ -32,6 +33,7 @@ class LowerBooks:
         if name in self.tiers or name in self.lower:
             raise ValueError(f"the ledger keeps a book of tier {name} already")
         book = DiskIndex(capacity_bytes, self.config.policy)
+        book.events = TierEvents(self.residency.log, name)
         self.lower[name] = book
         return book
 

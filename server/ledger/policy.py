@@ -18,13 +18,16 @@ is (its entries have no chain links), with the policy's admission rule.
               back to probation, so hits decay (the seed's hit counts never did)
     s3fifo    S3-FIFO (s3fifo.py): a small probationary FIFO, a main FIFO with
               reinsertion by a 2-bit decaying frequency, and a ghost table of
-              recently evicted keys: scan-resistant and frequency-aware
+              recently evicted keys: scan-resistant and frequency-aware; its
+              admission (admit_run) refuses a long run of keys nobody saved
+              lately on a full tier, and evicts it first when admitted
 """
 from __future__ import annotations
 
 from typing import Callable
 
-from .recency import FREQ, MAX_FREQ, QUEUE, Q1, Q2, EvictionPolicy, HitsLRUPolicy, LRUPolicy
+from .recency import (ADMIT, COLD, COLD_RUN, FREQ, MAX_FREQ, QUEUE, Q1, Q2, REFUSE, EvictionPolicy,
+                      HitsLRUPolicy, LRUPolicy)
 from .s3fifo import S3FIFOPolicy
 
 POLICIES: dict[str, Callable[[], EvictionPolicy]] = {
@@ -46,5 +49,6 @@ def make_policy(name: str) -> EvictionPolicy:
         ) from None
 
 
-__all__ = ["DEFAULT_POLICY", "FREQ", "MAX_FREQ", "POLICIES", "Q1", "Q2", "QUEUE", "EvictionPolicy",
-           "HitsLRUPolicy", "LRUPolicy", "S3FIFOPolicy", "make_policy"]
+__all__ = ["ADMIT", "COLD", "COLD_RUN", "DEFAULT_POLICY", "FREQ", "MAX_FREQ", "POLICIES", "Q1", "Q2",
+           "QUEUE", "REFUSE", "EvictionPolicy", "HitsLRUPolicy", "LRUPolicy", "S3FIFOPolicy",
+           "make_policy"]

@@ -8,11 +8,18 @@ from typing import Any, Iterator, Sequence
 from .freelist import FreeList
 
 # node.pq bits: 0-1 a 2-bit frequency, 2-3 the policy's own queue (0: never
-# placed), 4-5 where ChainPolicy holds it, 6 stranded (chains.py).
+# placed), 4-5 where ChainPolicy holds it, 6 stranded (chains.py), 7 a block
+# of a cold run not hit since (the ledger sets it when admit_run says
+# COLD_RUN). All fit in 8 bits: CPython shares the ints up to 256, so the
+# field costs no object per block.
 FREQ = 0x3
 QUEUE = 0xC
 Q1, Q2 = 0x4, 0x8
 MAX_FREQ = 3
+COLD = 0x80
+
+# What a page tier's policy answers about a reserve's new keys (admit_run).
+ADMIT, COLD_RUN, REFUSE = "admit", "cold", "refuse"
 
 
 class EvictionPolicy(ABC):
@@ -53,6 +60,14 @@ class EvictionPolicy(ABC):
         evicts for a new copy): may `key` displace what is held? `hits`: how
         often its block was hit above. Recency policies admit everything."""
         return True
+
+    def admit_run(self, keys: Sequence[Any], parent: Any, evicts: bool) -> str:
+        """Admission to a page tier: a reserve is about to file `keys`, the new
+        keys of one run of a chain, the first under `parent` (a block, None,
+        or chains.GONE). `evicts`: making their room evicts. ADMIT; COLD_RUN:
+        file them, each marked COLD (evicted before anything else until hit);
+        REFUSE: file none of them, evict nothing. Recency policies admit all."""
+        return ADMIT
 
 
 class LRUPolicy(EvictionPolicy):

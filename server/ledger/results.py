@@ -19,6 +19,7 @@ class SlotStatus:
     RESERVED = "reserved"
     PRESENT = "present"
     IN_FLIGHT = "in-flight"
+    NOT_ADMITTED = "not-admitted"   # the tier's admission turned the new key away
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ class TierStats:
     page_bytes: int = 0
     capacity_pages: int = 0
     used_pages: int = 0
+    # New blocks the tier's admission turned away (cold runs, cold disk copies).
+    admission_refused: int = 0
 
     @property
     def pinned_bytes(self) -> int:

@@ -14,12 +14,23 @@ stay), else evicted. Each reinsertion lowers a bounded count, so pop() is
 O(1) amortised.
 
 Why it fits LLM traffic: the one-off blocks (unique tails, decode blocks of
-requests that end, long documents read once) pass through S and leave
-without displacing M, where the re-read prefixes (system prompts, shared
-documents, conversations' history) live. That probation is the host tier's
-admission rule for cold blocks; admits() is the disk book's (a cold key, never
-hit and not in G, does not displace a full disk on its first arrival: it is
-remembered in G and admitted when it comes again).
+requests that end) pass through S and leave without displacing M, where the
+re-read prefixes (system prompts, shared documents, conversations' history)
+live. A long one-off document would still flush S, and with it the newest
+turns of conversations waiting there for their next turn, so a cold run
+never enters S: a reserve of more than RUN fresh keys (none a ghost in G
+or GM), or one continuing a cold run, is cold (admit_run). On a full tier
+it is refused, its keys remembered in G (a save of the same document again
+is admitted); with free room it is filed COLD, in a fourth FIFO (C) evicted
+before anything else, its keys going to G as S's do; a hit moves a cold
+block to M. That is the host tier's
+admission rule for cold blocks; admits() is the disk book's (a cold key,
+never hit and not in G, does not displace a full disk on its first arrival:
+it is remembered in G and admitted when it comes again). A run is cold by
+its length, not its content: a prefill step that brings more than RUN new
+blocks (256 tokens of 16-token blocks) that nobody saved lately is a new
+document, while a conversation's next turn adds its user message to
+blocks saved before, and decode saves a block or two a step.
 
 A ghost is a table of 16-bit fingerprints indexed by the key's hash, two
 slots per evictable block (grown by doubling, which forgets it): a new
@@ -33,12 +44,26 @@ eviction at 1M blocks cost 2.6x its cost at 10k (README, ledger bench).
 from __future__ import annotations
 
 from array import array
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
+from .chains import GONE
 from .freelist import FreeList
-from .recency import FREQ, MAX_FREQ, Q1, Q2, QUEUE, EvictionPolicy
+from .recency import ADMIT, COLD, COLD_RUN, FREQ, MAX_FREQ, Q1, Q2, QUEUE, REFUSE, EvictionPolicy
 
 SMALL, MAIN = Q1, Q2
+
+
+def _hash(key: Any) -> int:
+    """A key's 64-bit hash, the same in every process. hash() of bytes is
+    salted per process (PYTHONHASHSEED), which made which ghosts collide,
+    and so admissions and the policy bench's ratios, differ run to run.
+    Both ends of the key are mixed in (tests and traces use small integers
+    as keys, chains use digests), then spread by Fibonacci hashing."""
+    if isinstance(key, bytes) and len(key) >= 8:
+        x = int.from_bytes(key[:8], "little") ^ int.from_bytes(key[-8:], "big")
+        h = (x * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+        return h ^ (h >> 29)
+    return hash(key)
 
 
 class Ghost:
@@ -65,16 +90,16 @@ class Ghost:
             self._mask = n - 1
 
     def put(self, key: Any) -> None:
-        h = hash(key)
+        h = _hash(key)
         self._table[h & self._mask] = self._fp(h)
 
     def __contains__(self, key: Any) -> bool:
-        h = hash(key)
+        h = _hash(key)
         return self._table[h & self._mask] == self._fp(h)
 
     def take(self, key: Any) -> bool:
         """Whether `key` is a ghost; it stops being one."""
-        h = hash(key)
+        h = _hash(key)
         i = h & self._mask
         if self._table[i] == self._fp(h):
             self._table[i] = 0
@@ -103,10 +128,14 @@ class S3FIFOPolicy(EvictionPolicy):
     # each): 2, so a conversation's next turn (tens of requests later, behind
     # scans) still finds its ghost.
     GHOST_SLOTS = 2
+    # More fresh keys than this in one reserve make a cold run (see the
+    # module docstring); 8, 16 and 32 measured alike on the policy benchmark.
+    RUN = 16
 
     def __init__(self, key: Any = _key) -> None:
         self._small = FreeList()
         self._main = FreeList()
+        self._cold = FreeList()
         self.ghost = Ghost()
         self.main_ghost = Ghost()
         self._key = key
@@ -116,9 +145,14 @@ class S3FIFOPolicy(EvictionPolicy):
         # probation lets go unhit shrinks it by SHRINK, within [MIN, MAX].
         self.share = self.SMALL_SHARE
 
-    def add(self, block: Any) -> None:
+    def _list(self, block: Any) -> FreeList:
         q = block.pq & QUEUE
-        if not q:    # new: probation, unless it was evicted from probation lately
+        if q == MAIN:
+            return self._main
+        return self._cold if block.pq & COLD else self._small
+
+    def add(self, block: Any) -> None:
+        if not block.pq & QUEUE:    # new: probation (or C), unless evicted lately
             q = SMALL
             k = self._key(block)
             if self.ghost.take(k):
@@ -127,20 +161,24 @@ class S3FIFOPolicy(EvictionPolicy):
             elif self.main_ghost.take(k):
                 q = MAIN
                 self.share = max(self.MIN_SHARE, self.share - self.SHRINK_M)
-            block.pq = (block.pq & ~(QUEUE | FREQ)) | q
-        (self._main if q == MAIN else self._small).append(block)
-        n = len(self._small) + len(self._main)
+            block.pq = (block.pq & ~(QUEUE | FREQ | (COLD if q == MAIN else 0))) | q
+        self._list(block).append(block)
+        n = len(self)
         if n > self._peak:
             self._peak = n
             self.ghost.fit(n * self.GHOST_SLOTS)
             self.main_ghost.fit(n * self.GHOST_SLOTS)
 
     def remove(self, block: Any) -> None:
-        (self._main if block.pq & QUEUE == MAIN else self._small).remove(block)
+        self._list(block).remove(block)
 
     def hit(self, block: Any) -> None:
         block.hits += 1
-        if block.pq & FREQ < MAX_FREQ:
+        if block.pq & COLD:        # not a one-off after all: to main
+            self._cold.remove(block)
+            block.pq = (block.pq & ~(COLD | QUEUE | FREQ)) | MAIN
+            self._main.append(block)
+        elif block.pq & FREQ < MAX_FREQ:
             block.pq += 1
 
     @staticmethod
@@ -148,6 +186,10 @@ class S3FIFOPolicy(EvictionPolicy):
         return s > 0 and (m == 0 or s >= share * (s + m))
 
     def pop(self) -> Any:
+        b = self._cold.popleft()
+        if b is not None:
+            self.ghost.put(self._key(b))
+            return b
         small, main = self._small, self._main
         while True:
             s, m = len(small), len(main)
@@ -176,12 +218,27 @@ class S3FIFOPolicy(EvictionPolicy):
         self.ghost.put(key)
         return False
 
+    def admit_run(self, keys: Sequence[Any], parent: Any, evicts: bool) -> str:
+        fresh = [k for k in keys if k not in self.ghost and k not in self.main_ghost]
+        # GONE (chains.py) has no pq: a save under a lost parent is filed
+        # stranded, and goes first anyway.
+        cold = len(fresh) > self.RUN or (parent is not None and parent is not GONE
+                                         and parent.pq & COLD)
+        if not cold:
+            return ADMIT
+        if not evicts:
+            return COLD_RUN
+        for k in fresh:
+            self.ghost.put(k)
+        return REFUSE
+
     def __len__(self) -> int:
-        return len(self._small) + len(self._main)
+        return len(self._cold) + len(self._small) + len(self._main)
 
     def __iter__(self) -> Iterator[Any]:
         """pop()'s order, simulated on copies (frequencies and queues as they
         would change); the ghost does not change the order."""
+        yield from list(self._cold)
         small = [[b, b.pq & FREQ] for b in self._small]
         main = [[b, b.pq & FREQ] for b in self._main]
         si = mi = 0

@@ -14,6 +14,7 @@ from ..errors import FailedPrecondition, InvalidArgument, NotFound, OutOfRange, 
 from ..ids import LOCAL, BlockKey, Identity, NamespaceId, ReservationId, SessionId
 from . import books
 from .chains import GONE, link
+from .policy import ADMIT, COLD, COLD_RUN, REFUSE
 from .quota import check_quota, quota_for
 from .records import Block, Holder, Namespace, Reservation
 from .results import ReserveResult, SlotStatus
@@ -39,7 +40,9 @@ class Saves:
         it; `parent` names the first key's (b"" for a chain's first block;
         None: unknown, then the last Match that stopped at keys[0] says).
         With `track_writes` the bytes arrive through record_write() and commit
-        refuses blocks that are not complete.
+        refuses blocks that are not complete. The tier's policy may refuse
+        the new keys (admit_run: a cold run that would evict): then none is
+        reserved, each is NOT_ADMITTED, and nothing is evicted.
         """
         session = self.session(sid, now, owner)
         if parent is not None and parent and len(parent) != self.config.key_bytes:
@@ -52,13 +55,17 @@ class Saves:
         return r
 
     def reserve_internal(self: "Ledger", ns_id: NamespaceId, keys: Sequence[bytes],
-                         now: float) -> ReserveResult:
+                         now: float, parent: Optional[bytes] = None) -> ReserveResult:
         """reserve() for the daemon's own work (a promotion from a lower tier):
-        held by the ledger's internal holder, not by a session."""
-        return self._reserve(self.internal, self.namespaces[ns_id], keys, now, False)
+        held by the ledger's internal holder, not by a session, and never
+        refused by admission (a Match asked for the block). `parent` as in
+        reserve() (a promoted block's is the key before it in the Match)."""
+        return self._reserve(self.internal, self.namespaces[ns_id], keys, now, False, parent,
+                             admission=False)
 
     def _reserve(self: "Ledger", holder: Holder, ns: Namespace, keys: Sequence[bytes],
-                 now: float, track_writes: bool, parent: Optional[bytes] = None) -> ReserveResult:
+                 now: float, track_writes: bool, parent: Optional[bytes] = None,
+                 admission: bool = True) -> ReserveResult:
         keys = self.check_keys(keys, unique=True)
         tier = self.top
         statuses, new, present = self._sort_keys(ns, keys, tier)
@@ -66,6 +73,18 @@ class Saves:
         if not new:
             return ReserveResult(None, statuses, [None] * len(keys), expires_at)
         needed = len(new) * ns.pages_per_block
+        run = ADMIT
+        if admission:
+            first = new[0]
+            run_parent = (ns.blocks[keys[first - 1]] if first
+                          else self._first_parent(ns, keys[0], parent, take=False))
+            run = tier.policy.admit_run([keys[i] for i in new], run_parent,
+                                        evicts=tier.free_pages < needed)
+            if run == REFUSE:
+                tier.admission_refused += len(new)
+                for i in new:
+                    statuses[i] = SlotStatus.NOT_ADMITTED
+                return ReserveResult(None, statuses, [None] * len(keys), expires_at)
         self._check_quota(ns, tier, needed, len(new))
         self._check_room(tier, needed, len(new), present)
         self._make_room(tier, needed, present)
@@ -73,6 +92,8 @@ class Saves:
         for i in new:
             entries[i] = b = self._file_block(ns, tier, BlockKey(bytes(keys[i])), now)
             link(b, ns.blocks[keys[i - 1]] if i else self._first_parent(ns, keys[0], parent))
+            if run == COLD_RUN:
+                b.pq |= COLD
         rid = ReservationId(self._next_reservation)
         self._next_reservation += 1
         written = [0] * len(keys) if track_writes else None
@@ -81,12 +102,14 @@ class Saves:
         return ReserveResult(rid, statuses, entries, expires_at)
 
     @staticmethod
-    def _first_parent(ns: Namespace, key: bytes, parent: Optional[bytes]) -> Any:
+    def _first_parent(ns: Namespace, key: bytes, parent: Optional[bytes],
+                      take: bool = True) -> Any:
         """The block before `key` in its chain: the one named, or the one a
-        Match that stopped at `key` hit last; GONE when that left; None when
-        `key` starts a chain or nobody said."""
+        Match that stopped at `key` hit last (that hint is used up unless not
+        `take`); GONE when that left; None when `key` starts a chain or nobody said."""
         if parent is None:
-            hinted = ns.hints.pop(key, None)   # type: ignore[call-overload]
+            hints = ns.hints
+            hinted = (hints.pop if take else hints.get)(key, None)   # type: ignore[operator]
             if hinted is None:
                 return None
             parent = hinted.key
@@ -247,6 +270,9 @@ class Saves:
             tier.policy.add(b)
             tier.evictable_pages += b.ns.pages_per_block
             committed += 1
+        ev = self.top.events
+        if committed and ev is not None and ev.log.watched:   # one event per commit, in order
+            ev.stored(res.ns.id, [b.key for b in res.blocks if b.tier is self.top])
         del self.reservations[res.id]
         res.session.reservations.discard(res.id)
         return committed

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 from ..ids import TierName
 from .pages import PageAllocator
@@ -42,6 +43,9 @@ class Tier:
         self.hit_tokens = 0
         self.committed_blocks = 0
         self.committed_bytes = 0
+        # Where its blocks' stored / removed events go (events.TierEvents), if anywhere.
+        self.events: Any = None
+        self.admission_refused = 0    # new blocks its policy's admit_run refused
 
     @property
     def capacity_pages(self) -> int:

@@ -33,7 +33,7 @@ def page_tier_stats(t: Tier) -> TierStats:
         evictable_bytes=t.evictable_pages * pb, blocks=t.blocks, pending_blocks=t.pending_blocks,
         evictions=_evictions(t.evictions), hit_blocks=t.hit_blocks, hit_tokens=t.hit_tokens,
         saved_blocks=t.committed_blocks, saved_bytes=t.committed_bytes, page_bytes=pb,
-        capacity_pages=cap, used_pages=used)
+        capacity_pages=cap, used_pages=used, admission_refused=t.admission_refused)
 
 
 def byte_tier_stats(led: "Ledger", name: TierName, book: DiskIndex) -> TierStats:
@@ -42,7 +42,7 @@ def byte_tier_stats(led: "Ledger", name: TierName, book: DiskIndex) -> TierStats
         evictable_bytes=book.evictable_bytes, blocks=len(book), pending_blocks=0,
         evictions=_evictions(book.evictions), hit_blocks=book.hit_blocks,
         hit_tokens=led.usage.lower_hit_tokens.get(name, 0), saved_blocks=book.written_blocks,
-        saved_bytes=book.written_bytes)
+        saved_bytes=book.written_bytes, admission_refused=book.refused)
 
 
 def tier_stats(led: "Ledger") -> list[TierStats]:

@@ -28,6 +28,7 @@ _WHY = {
     "tls": "TLS credentials are bound to the TCP listener at start-up",
     "auth": "it is checked when the daemon starts",
     "server": "gRPC server options are fixed at start-up",
+    "cluster_tier": "the cluster tier connects at start-up",
 }
 
 

@@ -18,7 +18,7 @@ import os
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 from kvkeeper.client.arena_format import byte_view
 
@@ -114,6 +114,7 @@ class DiskTier:
     """One lower tier of the stack (see stack.LowerTier)."""
 
     name: TierName = DISK
+    keeps_book = True   # the book is the directory's index (rebuilt at start-up)
 
     def __init__(self, store: DiskStore, book: DiskIndex, *, write_policy: str,
                  admit_after_hits: int, recovery: RecoveryReport,
@@ -173,6 +174,18 @@ class DiskTier:
             log.warning("disk tier lookup failed: %s", e)
             return None
         return self.store.indexed_bytes(ns, key) if found else None
+
+    async def probe_run(self, ns: bytes, keys: Sequence[bytes]) -> list[Optional[int]]:
+        """The first key's probe (one file lookup per call: the stack asks again
+        for the next key no book holds)."""
+        return [await self.probe(ns, keys[0])] if keys else []
+
+    async def read_block(self, loc: DiskLoc, dst: BlockStore[Any], dst_loc: Any) -> Optional[Checksum]:
+        return await self.io(self.read_into, loc, dst, dst_loc)
+
+    async def write_block(self, src: BlockStore[Any], src_loc: Any, loc: DiskLoc,
+                          checksum: Optional[Checksum] = None) -> None:
+        await self.io(self.write_from, src, src_loc, loc, checksum)
 
     def read_into(self, loc: DiskLoc, dst: BlockStore[Any], dst_loc: Any) -> Optional[Checksum]:
         """Copy a stored block into another tier (blocking); returns the checksum

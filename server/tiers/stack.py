@@ -7,7 +7,11 @@ moves blocks and tells the ledger what moved. What it owns:
 
 * Match across tiers in order: the ledger says which tier holds each leading
   key (Ledger.locate); a key in no book may still be in a medium another
-  daemon writes too, so the stack probes the tiers below for it.
+  daemon writes too, so the stack probes the tiers below for it, a run of
+  keys at a time (LowerTier.probe_run). A tier whose medium decides what it
+  keeps (keeps_book False: the cluster) keeps no book at rest: it books a
+  found copy for the lookup that moves it and forgets it after, so every
+  lookup asks the medium again.
 * Promotion of a leased hit: a lower tier's block is copied into freshly
   reserved arena pages (held by the ledger's internal holder) and committed
   before the caller's lease is taken, so Load and LoadStream only ever read
@@ -35,7 +39,9 @@ from ..errors import ClientError, ResourceExhausted
 from ..ids import LOCAL, Identity, NamespaceId, SessionId, TierName
 from ..ledger import (Block, BlockState, Copy, Holding, Lease, Ledger, MatchResult, Namespace,
                       TierStats)
+from ..ledger.disk_index import DiskEntry, DiskIndex
 from ..ledger.views import copies, holdings, tier_stats
+from ..ops.ratelog import RepeatLog
 from .arena import Arena
 from .backend import ArenaBackend, BlockStore, Checksum, CorruptBlock, TierError
 
@@ -50,24 +56,42 @@ class TierCounter:
     kind: str       # "counter" or "gauge"
     help: str
     value: float
+    # (label, value) pairs: the series of one name share help, kind and label names.
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 class LowerTier(Protocol):
-    """A tier below the arena, as the stack drives it (disk_tier.DiskTier is one)."""
+    """A tier below the arena, as the stack drives it (disk_tier.DiskTier and
+    cluster.tier.ClusterTier are two)."""
 
     name: TierName
-    backend: BlockStore[Any]
     write_back: bool          # flush after CommitSave answers, not before
     admit_after_hits: int     # 0: every committed block goes down; N: once hit N times
     flush_failures: int
+    # True: the tier's book is its index of what the medium holds (the disk).
+    # False: the medium decides what it keeps (a cluster's maxmemory); the book
+    # holds only the copies being moved, and every lookup probes the medium.
+    keeps_book: bool
 
-    async def io(self, fn: Callable[..., Any], *args: Any) -> Any: ...
     def loc(self, ns: bytes, key: bytes, nbytes: int) -> Any: ...
-    async def probe(self, ns: bytes, key: bytes) -> Optional[int]: ...
-    def read_into(self, loc: Any, dst: BlockStore[Any], dst_loc: Any) -> Optional[Checksum]: ...
-    def write_from(self, src: BlockStore[Any], src_loc: Any, loc: Any,
-                   checksum: Optional[Checksum] = None) -> None: ...
-    def refusal(self, e: TierError) -> ClientError: ...
+    async def probe_run(self, ns: bytes, keys: Sequence[bytes]) -> list[Optional[int]]:
+        """What the medium holds of the first keys, though no book says so
+        (another daemon wrote them): for as many keys as the tier asks about in
+        one go, the payload size or None (not there). A fault answers [];
+        only the leading run counts."""
+        ...
+    async def read_block(self, loc: Any, dst: BlockStore[Any], dst_loc: Any) -> Optional[Checksum]:
+        """Copy a stored block into another tier; the checksum its writer
+        committed, kept with it (None if none). TierError: unreadable (a miss)."""
+        ...
+    async def write_block(self, src: BlockStore[Any], src_loc: Any, loc: Any,
+                          checksum: Optional[Checksum] = None) -> None:
+        """Store a block copied from another tier with its writer's checksum; TierError."""
+        ...
+    def refusal(self, e: TierError) -> Optional[ClientError]:
+        """What a write-through save answers when its block could not be stored;
+        None: the save stands (a tier that drops what it cannot store)."""
+        ...
     async def forget(self, where: tuple[bytes, bytes]) -> None: ...
     async def maintain(self) -> None: ...
     async def close(self) -> None: ...
@@ -86,6 +110,10 @@ class TierStack:
         self.clock = clock
         self._flushes: set[asyncio.Task[Any]] = set()
         self._promotions: dict[tuple[bytes, bytes], asyncio.Future[bool]] = {}
+        self._promoting: dict[tuple[bytes, bytes], TierName] = {}   # from which tier
+        # A tier failing keeps failing for a while: its lines repeat at a bounded rate.
+        self._unreadable = RepeatLog(log, "tier_block_unreadable")
+        self._unflushed = RepeatLog(log, "tier_flush_failed")
 
     def tier(self, name: TierName) -> Optional[LowerTier]:
         return self._by_name.get(name)
@@ -121,12 +149,27 @@ class TierStack:
         session = L.session(sid, self.clock(), owner)
         keys = L.check_keys(keys, unique=False)
         ns = session.ns
-        where = await self._locate(ns, keys)
+        held: list[tuple[DiskIndex, DiskEntry]] = []
+        try:
+            where = await self._locate(ns, keys, held)
+            return await self._match_located(sid, ns, keys, where, lease=lease,
+                                             report_use=report_use, owner=owner)
+        finally:
+            self._let_go(held)
+
+    async def _match_located(self, sid: SessionId, ns: Namespace, keys: list[bytes],
+                             where: list[TierName], *, lease: bool, report_use: bool,
+                             owner: Identity) -> MatchResult:
+        L = self.ledger
         n = len(where)
         below = {i: t for i, t in enumerate(where) if t in self._by_name}
         if below and lease:
-            promoted = await asyncio.gather(*(self._promote(ns, keys[i], self._by_name[t])
-                                              for i, t in below.items()))
+            # Each promotion reserves before its first await, in key order, so a
+            # block's parent (the key before it) is in the arena by then: it is
+            # filed under it, as a save naming its parent is.
+            promoted = await asyncio.gather(*(
+                self._promote(ns, keys[i], self._by_name[t], keys[i - 1] if i else None)
+                for i, t in below.items()))
             # The chain ends at the first block that could not be brought up.
             for i, ok in zip(below, promoted):
                 if not ok:
@@ -150,54 +193,108 @@ class TierStack:
         return MatchResult(r.matched, [below.get(i, t) for i, t in enumerate(r.tiers)],
                            r.lease_id)
 
-    async def _locate(self, ns: Namespace, keys: list[bytes]) -> list[TierName]:
-        """The tier of each leading key, probing the media below for a key no
-        book holds (another daemon may have written it)."""
+    async def _locate(self, ns: Namespace, keys: list[bytes],
+                      held: list[tuple[DiskIndex, DiskEntry]]) -> list[TierName]:
+        """The tier of each leading key, probing the media below for keys no
+        book holds (another daemon may have written them). The copies found in
+        tiers that keep no book are pinned into `held` as soon as found, so
+        that no concurrent lookup's _let_go forgets them meanwhile."""
         where: list[TierName] = []
         while True:
             found = self.ledger.locate(ns, keys, len(where))
+            self._hold(ns, keys, len(where), found.tiers, held)
             where += found.tiers
-            if not found.probe or len(where) == len(keys):
+            if len(where) == len(keys):
                 return where
-            tier = await self._probe(ns, keys[len(where)])
-            if tier is None:
+            if not found.probe:
+                # Being written into the arena: by a promotion, this lookup shares it.
+                promoting = self._promoting.get((ns.id, keys[len(where)]))
+                if promoting is None:
+                    return where
+                where.append(promoting)
+                continue
+            run, more = await self._probe(ns, keys, len(where))
+            self._hold(ns, keys, len(where), run, held)
+            where += run
+            if not more:
                 return where
-            where.append(tier)
 
-    async def _probe(self, ns: Namespace, key: bytes) -> Optional[TierName]:
+    async def _probe(self, ns: Namespace, keys: list[bytes],
+                     start: int) -> tuple[list[TierName], bool]:
+        """The tier of the leading keys from `start` on that some medium below
+        holds, from the first tier that has the first of them, adopted into its
+        book (no await after the probe's answer), and whether the lookup goes
+        on: False once a key is missing or unusable. The run also stops at a
+        key the ledger knows of (the arena, a book): located there."""
+        L = self.ledger
         for t in self.lower:
-            nbytes = await t.probe(ns.id, key)
-            if nbytes is not None and self.ledger.adopt(t.name, ns, key, nbytes):
-                return t.name
-        return None
+            sizes = await t.probe_run(ns.id, keys[start:])
+            run: list[TierName] = []
+            for k, nbytes in zip(keys[start:], sizes):
+                if run and not L.locate(ns, [k]).probe:
+                    return run, True
+                if nbytes is None or not L.adopt(t.name, ns, k, nbytes):
+                    break
+                run.append(t.name)
+            if run:
+                # All it asked about were there: the chain may go on past them.
+                return run, len(run) == len(sizes)
+        return [], False
+
+    def _hold(self, ns: Namespace, keys: list[bytes], start: int, tiers: list[TierName],
+              held: list[tuple[DiskIndex, DiskEntry]]) -> None:
+        """Pin the copies a lookup found in tiers that keep no book."""
+        for k, t in zip(keys[start:], tiers):
+            tier = self._by_name.get(t)
+            if tier is None or tier.keeps_book:
+                continue
+            book = self.ledger.lower[t]
+            entry = book.get(ns.id, k)
+            if entry is not None:
+                book.pin(entry)
+                held.append((book, entry))
+
+    @staticmethod
+    def _let_go(held: list[tuple[DiskIndex, DiskEntry]]) -> None:
+        """After a lookup: unpin what _hold pinned; a copy nobody else pins is
+        forgotten (promoted, touched or cut off: the medium keeps it or not)."""
+        for book, entry in held:
+            book.unpin(entry)
+            if entry.pins == 0:
+                book.forget(entry)
 
     # ------------------------------------------------------------ promotion
-    async def _promote(self, ns: Namespace, key: bytes, tier: LowerTier) -> bool:
-        """Copy a lower tier's block into the arena; True once committed there."""
+    async def _promote(self, ns: Namespace, key: bytes, tier: LowerTier,
+                       parent: Optional[bytes] = None) -> bool:
+        """Copy a lower tier's block into the arena; True once committed there.
+        `parent`: the key before it in its chain (None: unknown)."""
         where = (ns.id, key)
         pending = self._promotions.get(where)
         if pending is not None:
             return await asyncio.shield(pending)
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._promotions[where] = fut
+        self._promoting[where] = tier.name
         try:
-            ok = await self._copy_up(ns, key, tier)
+            ok = await self._copy_up(ns, key, tier, parent)
         except Exception:  # noqa: BLE001 - a failed promotion is a miss, never an error
             log.exception("promotion of a %s block failed", tier.name)
             ok = False
         finally:
-            del self._promotions[where]
+            del self._promotions[where], self._promoting[where]
         fut.set_result(ok)
         return ok
 
-    async def _copy_up(self, ns: Namespace, key: bytes, tier: LowerTier) -> bool:
+    async def _copy_up(self, ns: Namespace, key: bytes, tier: LowerTier,
+                       parent: Optional[bytes]) -> bool:
         L = self.ledger
         book = L.lower[tier.name]
         entry = book.get(ns.id, key)
-        if entry is None:
-            return False
+        if entry is None:   # gone, or promoted by a lookup that just ended
+            now = L.block(ns.id, key)
+            return now is not None and now.state is BlockState.COMMITTED
         try:
-            r = L.reserve_internal(ns.id, [key], self.clock())
+            r = L.reserve_internal(ns.id, [key], self.clock(), parent)
         except ResourceExhausted:
             return False  # the arena is pinned full: serve what the host has
         b = r.blocks[0]
@@ -207,10 +304,10 @@ class TierStack:
         assert r.reservation_id is not None
         book.pin(entry)
         try:
-            kept = await tier.io(tier.read_into, tier.loc(ns.id, key, ns.block_bytes), self.host,
-                                 self._host_loc(b))
+            kept = await tier.read_block(tier.loc(ns.id, key, ns.block_bytes), self.host,
+                                         self._host_loc(b))
         except TierError as e:
-            log.warning("%s block unreadable, treated as a miss: %s", tier.name, e)
+            self._unreadable.log("%s block unreadable, treated as a miss: %s", tier.name, e)
             book.unpin(entry)
             book.drop(entry, "corrupt" if isinstance(e, CorruptBlock) else "lost")
             L.abort_internal(r.reservation_id, self.clock())
@@ -255,13 +352,18 @@ class TierStack:
         task.add_done_callback(self._flushes.discard)
 
     async def _flush(self, lease: Lease, tier: LowerTier, *, strict: bool) -> None:
-        """Write the leased blocks down, then drop the internal lease.
-        strict: raise on the first failure (write-through acknowledges durability)."""
+        """Write the leased blocks down, all at once (a network tier pays one
+        round trip, not one per block), then drop the internal lease once every
+        write ended. strict: raise the first failure (write-through
+        acknowledges durability)."""
         try:
-            for b in list(lease.blocks):
-                await self._flush_block(b, tier, strict)
+            done = await asyncio.gather(*(self._flush_block(b, tier, strict)
+                                          for b in list(lease.blocks)), return_exceptions=True)
         finally:
             self.ledger.release_internal(lease, self.clock())
+        failed = next((r for r in done if isinstance(r, BaseException)), None)
+        if failed is not None:
+            raise failed
 
     async def _flush_block(self, b: Block, tier: LowerTier, strict: bool) -> None:
         ns = b.ns
@@ -279,16 +381,19 @@ class TierStack:
         for where in res.evicted:
             await tier.forget(where)
         try:
-            await tier.io(tier.write_from, self.host, self._host_loc(b),
-                          tier.loc(ns.id, b.key, ns.block_bytes), b.checksum)
+            await tier.write_block(self.host, self._host_loc(b),
+                                   tier.loc(ns.id, b.key, ns.block_bytes), b.checksum)
         except TierError as e:
             book.failed(res.entry)
             tier.flush_failures += 1
-            if strict:
-                raise tier.refusal(e) from e
-            log.warning("write-back flush failed: %s", e)
+            refusal = tier.refusal(e) if strict else None
+            if refusal is not None:
+                raise refusal from e
+            self._unflushed.log("%s flush failed: %s", tier.name, e)
             return
         book.written(res.entry)
+        if not tier.keeps_book:
+            book.forget(res.entry)
 
     # ------------------------------------------------------------ lifetime
     async def maintain(self) -> None:

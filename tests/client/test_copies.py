@@ -4,16 +4,12 @@ the caller's bytes, and a corrupted block is reported, on the event loop's
 thread or in a worker."""
 from __future__ import annotations
 
-import os
-import uuid
-
 import numpy as np
 import pytest
 
 from kvkeeper.client import copies
 from kvkeeper.client.arena_format import PIECE_BYTES
 from kvkeeper.client.checksum import OFFLOAD_BYTES, crc32, xxh3_64
-from kvkeeper.client.shm import ShmMapping
 from kvkeeper.server.tiers.arena import HEADER_BYTES, Arena
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
@@ -26,20 +22,10 @@ XXH, CRC, NONE = pb.CHECKSUM_XXH3_64, pb.CHECKSUM_CRC32, pb.CHECKSUM_NONE
 
 
 @pytest.fixture
-def arena(tmp_path):
-    base = "/dev/shm" if os.path.isdir("/dev/shm") else str(tmp_path)
-    path = os.path.join(base, f"kvkeeper-test-{os.getpid()}-{uuid.uuid4().hex}")
-    a = Arena.create(path, HEADER_BYTES + (N + 1) * PAGES_PER_BLOCK * PAGE, PAGE)
+def arena(shm_path):   # shm_path and mapping: conftest.py
+    a = Arena.create(shm_path, HEADER_BYTES + (N + 1) * PAGES_PER_BLOCK * PAGE, PAGE)
     yield a
     a.close()
-
-
-@pytest.fixture
-def mapping(arena):
-    m = ShmMapping.attach(arena.path, arena.size_bytes, arena.arena_id)
-    assert m is not None
-    yield m
-    m.close()
 
 
 def _extents(arena, i):

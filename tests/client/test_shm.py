@@ -7,11 +7,11 @@ import os
 import re
 import subprocess
 import sys
-import uuid
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from shm_paths import SHM_DIR, unique_shm_path
 
 from kvkeeper.client.shm import HEADER_BYTES as CLIENT_HEADER_BYTES
 from kvkeeper.client.shm import MAGIC as CLIENT_MAGIC
@@ -21,36 +21,11 @@ from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 PB = 4096
 PAGES = 64
-SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
-
-
-def _unique_path(base: str) -> str:
-    return os.path.join(base, f"kvkeeper-test-{os.getpid()}-{uuid.uuid4().hex}")
-
-
 @pytest.fixture
-def shm_path(tmp_path):
-    path = _unique_path(SHM_DIR or str(tmp_path))
-    yield path
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-@pytest.fixture
-def arena(shm_path):
+def arena(shm_path):   # shm_path and mapping: conftest.py
     a = Arena.create(shm_path, HEADER_BYTES + PAGES * PB, PB)
     yield a
     a.close()
-
-
-@pytest.fixture
-def mapping(arena):
-    m = ShmMapping.attach(arena.path, arena.size_bytes, arena.arena_id)
-    assert m is not None
-    yield m
-    m.close()
 
 
 def test_header_constants_agree_with_daemon():
@@ -97,7 +72,7 @@ def test_attach_rejects_wrong_size(arena):
 
 def test_attach_rejects_missing_file(tmp_path):
     base = SHM_DIR or str(tmp_path)
-    missing = _unique_path(base)
+    missing = unique_shm_path(base)
     assert ShmMapping.attach(missing, HEADER_BYTES + PB, os.urandom(16)) is None
     assert ShmMapping.attach(os.path.join(missing, "x"), HEADER_BYTES + PB,
                              os.urandom(16)) is None
@@ -400,3 +375,34 @@ def test_attach_prefaults_the_pages_that_hold_data(shm_path):
             warm.close()
     finally:
         a.close()
+
+
+# ---- gather_readonly: the loads' views of many blocks at once
+
+def test_views_are_the_blocks_bytes_and_read_only(arena, mapping):
+    blocks = [arena.extents((3,), 1, PB), arena.extents((7, 2), 2, 2 * PB - 5)]
+    data = [os.urandom(PB), os.urandom(2 * PB - 5)]
+    for ext, d in zip(blocks, data):
+        arena.write(ext, d)
+    exts = [list(ext) for ext in blocks]
+    got = mapping.gather_readonly(exts)
+    assert [b"".join(vs) for vs in got] == data
+    assert [[v.nbytes for v in vs] for vs in got] == [[n for _, n in e] for e in exts]
+    assert [[bytes(v) for v in vs] for vs in got] == \
+        [[bytes(v) for v in mapping.gather(e)] for e in exts]
+    assert all(v.readonly for vs in got for v in vs)
+    with pytest.raises(TypeError):
+        got[0][0][0] = 1
+
+
+@pytest.mark.parametrize("bad", [(0, PB), (HEADER_BYTES + PAGES * PB - 10, 11),
+                                 (HEADER_BYTES, -1)])
+def test_an_extent_outside_the_data_region_is_refused(mapping, bad):
+    with pytest.raises(ValueError, match="outside the data region"):
+        mapping.gather_readonly([[(HEADER_BYTES, PB)], [bad]])
+
+
+def test_a_closed_mapping_refuses(mapping):
+    mapping.close()
+    with pytest.raises(ValueError, match="closed"):
+        mapping.gather_readonly([[(HEADER_BYTES, PB)]])

@@ -56,8 +56,10 @@ class DaemonProcess:
     """`kvkeeper serve` on a unix socket, as a subprocess that tests may kill."""
 
     def __init__(self, socket_path: str, capacity: str = "128MiB", page: str = "64KiB",
-                 log_path: Optional[str] = None, metrics: str = "", tcp: str = "") -> None:
+                 log_path: Optional[str] = None, metrics: str = "", tcp: str = "",
+                 extra_args: Sequence[str] = ()) -> None:
         self.socket_path = socket_path
+        self.extra_args = list(extra_args)  # more `kvkeeper serve` flags, e.g. --set k=v
         self.metrics = metrics  # "host:port" of /metrics; "" disables it
         self.tcp = tcp          # "host:port" to listen on besides the socket; "" for none
         self.url = f"unix://{socket_path}"
@@ -74,7 +76,7 @@ class DaemonProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kvkeeper.server.cli", "serve", "--socket", self.socket_path,
              "--tcp", self.tcp, "--metrics", self.metrics, "--capacity", self.capacity,
-             "--page-size", self.page, "--set", f"host_tier.name={name}"],
+             "--page-size", self.page, "--set", f"host_tier.name={name}", *self.extra_args],
             stdout=log, stderr=subprocess.STDOUT)
         log.close()
         deadline = time.monotonic() + timeout
@@ -94,7 +96,8 @@ class DaemonProcess:
         from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 
         with grpc.insecure_channel(f"unix:{self.socket_path}") as ch:
-            return pb_grpc.KVKeeperStub(ch).Stats(pb.StatsRequest(), timeout=2.0)
+            # generous: a CI host running three engines can stall the daemon for seconds
+            return pb_grpc.KVKeeperStub(ch).Stats(pb.StatsRequest(), timeout=10.0)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -139,9 +142,9 @@ class EngineProcess(driver.EngineProcess):
 
     def __init__(self, model_dir: str, url: str = "", log_path: Optional[str] = None,
                  env: Optional[Dict[str, str]] = None, ready_timeout: float = 300.0,
-                 extra: Optional[Dict[str, Any]] = None) -> None:
+                 extra: Optional[Dict[str, Any]] = None, args: Sequence[str] = ()) -> None:
         args = ["--model", model_dir, "--weights", "checkpoint", "--prefix-caching",
-                "--max-model-len", "2048"]
+                "--max-model-len", "2048", *args]
         if url:
             args += ["--connector", "kvkeeper", "--url", url, "--report",
                      "--extra", json.dumps(extra or {})]
@@ -164,6 +167,28 @@ class EngineProcess(driver.EngineProcess):
         self.send(cmd="generate", prompts=[list(p) for p in prompts], max_tokens=max_tokens,
                   batch=True)
         return self.result(timeout)
+
+
+def start_engines(model_dir: str, urls: Sequence[tuple[str, str]], tmp: str,
+                  ready_timeout: float) -> List[EngineProcess]:
+    """EngineProcess(model_dir, url) for each (name, url), started side by side
+    (logs in tmp/engine-<name>.log); if one fails to start, the others that
+    did are closed before its error is raised."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(urls)) as pool:
+        futs = [pool.submit(EngineProcess, model_dir, url, f"{tmp}/engine-{name}.log",
+                            ready_timeout=ready_timeout) for name, url in urls]
+        engines = []
+        for f in futs:
+            try:
+                engines.append(f.result())
+            except BaseException:
+                for g in futs:
+                    if g.done() and g.exception() is None:
+                        g.result().close()
+                raise
+        return engines
 
 
 # ---------------------------------------------------------------- stored blocks

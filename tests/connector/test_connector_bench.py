@@ -112,6 +112,7 @@ def test_ttft_quick_json_shape_and_verified_hits() -> None:
     assert part["shared_prefix_tokens"] == 384 and part["hit_tokens"] == 384
     assert part["vllm_prefix_cache_hit_tokens"] == 384
     bd = floor["kvkeeper_breakdown_s"]
-    for k in ("ttft", "lookup", "load", "load.fetch", "load.copy", "load.check", "forward"):
+    for k in ("ttft", "lookup", "load", "load.fetch", "load.copy", "load.check", "forward",
+              "handoff.to_worker", "handoff.worker", "handoff.to_scheduler"):
         assert k in bd, bd
     assert "load" in params("full_hit.kvkeeper_vs_example_connector")["example_breakdown_s"]

@@ -19,7 +19,6 @@ import shutil
 import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -28,7 +27,7 @@ import numpy as np
 import pytest
 
 from connector_harness import (DaemonProcess, EngineProcess, corrupt_stored_block, report_keys,
-                               rewrite_stored_blocks, short_tmpdir, vllm_unavailable)
+                               rewrite_stored_blocks, start_engines, short_tmpdir, vllm_unavailable)
 
 pytestmark = pytest.mark.skipif(vllm_unavailable() is not None,
                                 reason=vllm_unavailable() or "")
@@ -109,19 +108,8 @@ def cluster() -> Iterator[Cluster]:
     daemon = DaemonProcess(f"{tmp}/kvk.sock", capacity="128MiB", page="32KiB",
                            log_path=f"{tmp}/daemon.log")
     # No daemon yet: the engines must start (and serve) without it.
-    with ThreadPoolExecutor(3) as pool:
-        futs = [pool.submit(EngineProcess, model, url, f"{tmp}/engine-{name}.log",
-                            ready_timeout=STARTUP_S)
-                for name, url in (("base", ""), ("a", daemon.url), ("b", daemon.url))]
-        engines = []
-        for f in futs:
-            try:
-                engines.append(f.result())
-            except BaseException:
-                for g in futs:
-                    if g.done() and g.exception() is None:
-                        g.result().close()
-                raise
+    engines = start_engines(model, (("base", ""), ("a", daemon.url), ("b", daemon.url)), tmp,
+                            STARTUP_S)
     c = Cluster(tmp, daemon, *engines)
     try:
         w = prompt("no-daemon", 80)
@@ -459,6 +447,61 @@ def test_hits_resume_within_5_s_of_a_daemon_restart_under_live_traffic(cluster: 
     assert sessions_back is not None, "the engines did not register again"
     assert resumed - t_up <= 5.0
     cluster.wait_no_leases()
+
+
+def test_locate_names_the_engine_for_its_prefix_and_nobody_after_a_reset(
+        cluster: Cluster) -> None:
+    """Issue 14: A's connector reports its KV cache (residency.py). Locate,
+    with keys from the router's helper (which must be the connector's),
+    names A for its prompt's full blocks and B for none; after A's prefix
+    cache is reset (and a step ran: vLLM hands its cache's events out once
+    per step), nobody holds them; WatchEvents saw A's stored and cleared."""
+    from kvkeeper.client.keys import NAMESPACE_FIELDS
+    from kvkeeper.client.route import Router, keys_for_tokens
+
+    p = prompt("residency", 6 * BS + 5)
+    res = one(cluster.a, p, 2)
+    keys = report_keys(res["report"], p)
+    ns = {k: v for k, v in res["report"]["kvkeeper"]["namespace"].items()
+          if k in NAMESPACE_FIELDS}
+    assert len(keys) == 6 and keys_for_tokens(ns, p) == keys
+
+    def until(cond: Any, what: str) -> Any:
+        deadline = time.monotonic() + 30.0
+        while not (v := cond()):
+            assert time.monotonic() < deadline, what
+            time.sleep(0.05)
+        return v
+
+    with Router.connect(cluster.daemon.url) as router:
+        watch = router.watch(ns)
+        events = iter(watch)
+        guard = threading.Timer(120.0, watch.cancel)   # ends the iteration, never hangs
+        guard.start()
+        start = next(events).last_seq
+
+        def prefixes() -> Dict[str, int]:
+            return {e.instance_id.split(" engine ")[0]: e.prefix
+                    for e in router.locate(ns, keys).engines}
+
+        got = until(lambda: (lambda d: d if 6 in d.values() else None)(prefixes()),
+                    "Locate never named engine A for its prompt's blocks")
+        # A holds all 6; any other engine reporting (B) none.
+        assert list(got.values()).count(6) == 1 and set(got.values()) <= {0, 6}, got
+        a_name = next(k for k, v in got.items() if v == 6)
+        engine = next(e for e in router.locate(ns, keys).engines if e.prefix == 6).engine
+        cluster.a.send(cmd="reset_prefix_cache")
+        assert cluster.a.read(60)["ok"]
+        one(cluster.a, prompt("residency-next", BS + 3), 1)
+        until(lambda: prefixes()[a_name] == 0, "Locate still names A after its reset")
+        kinds: List[int] = []
+        while 3 not in kinds:      # RESIDENCY_CLEARED
+            msg = next(events)
+            assert not msg.HasField("gap")
+            kinds += [e.kind for e in msg.events if e.engine == engine]
+        assert msg.last_seq > start
+        guard.cancel()
+        watch.cancel()
 
 
 def test_a_terminated_engine_closes_its_sessions_at_once(cluster: Cluster) -> None:

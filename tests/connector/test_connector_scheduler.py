@@ -724,3 +724,25 @@ def test_the_load_carries_the_schedulers_refs_for_the_blocks_it_loads() -> None:
     side.update_state_after_alloc(r2, Blocks([50, 51, 52, 53, 54]), 96)
     (load2,) = side.build_connector_meta(output(b=42), lambda rid: [50, 51, 52, 53, 54]).loads
     assert load2.refs == () and load2.block_ids == (50, 51, 52)
+
+
+def test_each_save_names_the_key_before_its_first_block_on_every_rank() -> None:
+    """The daemon links a save that continues a chain (a later prefill chunk,
+    a block filled by decoding) under the block it extends: ReserveSave's
+    parent_key, b"" for the chain's first block."""
+    side, _, _ = make(tp=2)
+    r = Req("a", list(range(100)))
+    assert side.get_num_new_matched_tokens(r, 0) == (0, False)
+    side.update_state_after_alloc(r, Blocks([7, 8, 9, 10]), 0)
+    ids = lambda rid: [7, 8, 9, 10]  # noqa: E731
+    m1 = side.build_connector_meta(output(a=64), ids)          # blocks 0, 1
+    r.num_computed_tokens = 64
+    m2 = side.build_connector_meta(output(a=36), ids)          # block 2
+    r.num_computed_tokens = 100
+    r.all_token_ids += list(range(1000, 1028))                 # decode fills block 3
+    m3 = side.build_connector_meta(output(a=28), ids)
+    chains = [chain_keys(namespace_seed(ns(rank, 2)), r.all_token_ids, BS) for rank in range(2)]
+    (s1,), (s2,), (s3,) = m1.saves, m2.saves, m3.saves
+    assert s1.parents == (b"", b"")
+    assert s2.parents == tuple(c[1] for c in chains) and s2.keys == tuple((c[2],) for c in chains)
+    assert s3.parents == tuple(c[2] for c in chains) and s3.keys == tuple((c[3],) for c in chains)

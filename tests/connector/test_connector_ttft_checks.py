@@ -150,6 +150,24 @@ def test_breakdown_carries_vllms_stages_and_the_lookup_calls() -> None:
     assert bd["other"] == pytest.approx(0.05 - 0.007 - 0.01 - 0.02)
 
 
+def test_breakdown_times_the_handoffs_between_the_engines_processes() -> None:
+    from kvkeeper.connector.bench.phases import breakdown, handoffs
+    lines = [{"event": "lookup", "dur": 0.002, "at": 5.000},
+             {"event": "meta", "dur": 0.0001, "at": 5.001},
+             {"event": "bind", "at": 5.004},
+             {"event": "load", "dur": 0.008, "blocks": 16, "at": 5.020},
+             {"event": "worker_out", "at": 5.021},
+             {"event": "output", "dur": 0.0001, "at": 5.023},
+             {"event": "meta", "dur": 0.0001, "at": 5.030}]   # a later step: not this one's
+    assert handoffs(lines) == pytest.approx({"handoff.to_worker": 0.003,
+                                             "handoff.worker": 0.017,
+                                             "handoff.to_scheduler": 0.002})
+    assert handoffs([{"event": "bind", "at": 1.0}, {"event": "meta", "at": 2.0}]) == {}
+    r = good_round()
+    r["kvk_full"]["timings"] = lines
+    assert breakdown([r], "kvk_full")["handoff.to_worker"] == pytest.approx(0.003)
+
+
 def test_stages_cut_a_requests_ttft_at_vllms_timestamps() -> None:
     from types import SimpleNamespace
 

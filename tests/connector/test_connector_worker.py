@@ -277,10 +277,10 @@ def test_queued_saves_are_copied_out_before_vllm_reuses_their_blocks(
     gate, sending = threading.Event(), threading.Event()
     real_send = save_mod.SaveThread.send
 
-    def slow_send(self, keys, rows):
+    def slow_send(self, keys, rows, parent=None):
         sending.set()
         assert gate.wait(20.0)
-        return real_send(self, keys, rows)
+        return real_send(self, keys, rows, parent)
 
     monkeypatch.setattr(save_mod.SaveThread, "send", slow_send)
     try:
@@ -380,3 +380,32 @@ def test_a_load_with_the_schedulers_refs_needs_no_rpc(daemon: DaemonProcess,
     finally:
         a.shutdown()
         b.shutdown()
+
+
+def test_a_save_sends_the_key_before_its_first_block(
+        daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SaveSpec.parents reach client.save (ReserveSave's parent_key), so the
+    daemon links a chain saved step by step; an older scheduler's spec without
+    them sends None (unknown)."""
+    import kvkeeper.client.sync as sync_mod
+
+    sent = []
+    real_save = sync_mod.Client.save
+
+    def recording_save(self, keys, blocks, parent=None):
+        sent.append((list(keys), parent))
+        return real_save(self, keys, blocks, parent)
+
+    monkeypatch.setattr(sync_mod.Client, "save", recording_save)
+    w = worker(daemon.url, tensors(1))
+    try:
+        ks = keys(4)
+        w.wait_for_save(KVKeeperConnectorMetadata(saves=[
+            SaveSpec("r", (ks[:2],), (0, 1), parents=(b"",)),
+            SaveSpec("r", (ks[2:3],), (2,), parents=(ks[1],)),
+            SaveSpec("r", (ks[3:],), (3,))]))
+        assert w.flush(10.0)
+        assert sent == [(list(ks[:2]), b""), ([ks[2]], ks[1]), ([ks[3]], None)]
+        assert daemon.stats().tiers[0].blocks == 4
+    finally:
+        w.shutdown()

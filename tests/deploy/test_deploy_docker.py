@@ -208,7 +208,7 @@ def test_builder_copy_set_builds_the_wheel(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- compose.yaml
 def test_compose_services_and_named_volumes() -> None:
     c = compose()
-    assert set(c["services"]) == {"kvkeeper", "vllm", "prometheus", "grafana"}
+    assert set(c["services"]) == {"kvkeeper", "vllm", "prometheus", "grafana", "valkey"}
     declared = set(c.get("volumes") or {})
     used = set()
     for name, svc in c["services"].items():

@@ -1,6 +1,6 @@
 """Every metric the alert rules and the Grafana dashboard query is one the daemon
 exports: names are pulled out of each PromQL expression and looked up in the
-/metrics text of a freshly built daemon (ledger, arena and disk tier, as
+/metrics text of a freshly built daemon (ledger, arena, disk and cluster tiers, as
 `kvkeeper serve` assembles them). Also the dashboard's structure."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import tempfile
 import uuid
 
 import pytest
-from deploy_support import DEPLOY, dashboard_exprs, metric_names
+from deploy_support import DEPLOY, dashboard_exprs, free_port, metric_names
 from kvkeeper.server.app import create_server
 from kvkeeper.server.config import load_config
 from prometheus_client.parser import text_string_to_metric_families
@@ -27,7 +27,7 @@ PROMETHEUS_SYNTHETIC = {"up", "scrape_duration_seconds", "scrape_samples_scraped
 @pytest.fixture(scope="module")
 def exported() -> set[str]:
     """Sample names of a real daemon's /metrics (counters as _total, histograms as
-    _bucket/_sum/_count), with a disk tier so its series are there too."""
+    _bucket/_sum/_count), with a disk and a cluster tier so their series are there too."""
     d = tempfile.mkdtemp(prefix="kvkm-", dir="/tmp")
     try:
         config = load_config(None, env={}, overrides={
@@ -35,6 +35,9 @@ def exported() -> set[str]:
             "host_tier.capacity_bytes": 4096 + 64 * 4096, "host_tier.page_bytes": 4096,
             "host_tier.name": f"kvkeeper-names-{uuid.uuid4().hex[:12]}",
             "disk_tier.path": f"{d}/disk", "disk_tier.capacity_bytes": 1 << 20,
+            # A cluster tier whose server is not there: its series exist all the same.
+            "cluster_tier.url": f"redis://127.0.0.1:{free_port()}",
+            "cluster_tier.timeout_seconds": 0.5,
         })
         async def render() -> str:
             # grpc.aio wants a running loop to build its server.
@@ -43,8 +46,9 @@ def exported() -> set[str]:
                 return daemon.metrics.render().decode()
             finally:
                 try:
-                    if getattr(daemon, "disk", None) is not None:
-                        await daemon.disk.close()
+                    for tier in (getattr(daemon, "disk", None), getattr(daemon, "cluster", None)):
+                        if tier is not None:
+                            await tier.close()
                 finally:
                     daemon.arena.close()
 
@@ -89,7 +93,8 @@ def test_rules_use_only_exported_metrics(exported: set[str]) -> None:
     for name in ("up", "kvkeeper_tier_pinned_bytes", "kvkeeper_rpc_errors_total",
                  "kvkeeper_hit_tokens_total", "kvkeeper_lookup_tokens_total",
                  "kvkeeper_disk_checksum_failures_total",
-                 "kvkeeper_evictions_total"):
+                 "kvkeeper_evictions_total", "kvkeeper_cluster_up",
+                 "kvkeeper_cluster_errors_total", "kvkeeper_cluster_corrupt_values_total"):
         assert name in seen, name
 
 

@@ -58,14 +58,18 @@ def test_ledger_quick(capsys: pytest.CaptureFixture[str]) -> None:
         check_shape([r for r in items if r["params"]["policy"] == p], "ledger", {
             f"ledger.match_ns_per_block.10k.{p}", f"ledger.match_ns_per_block.100k.{p}",
             f"ledger.evict_ns_per_block.10k.{p}", f"ledger.evict_ns_per_block.100k.{p}",
-            f"ledger.evict_flatness.100k_vs_10k.{p}", f"ledger.memory_bytes_per_block.100k.{p}"})
-        assert by[f"ledger.evict_flatness.100k_vs_10k.{p}"]["target"] is not None
+            f"ledger.evict_cold_ns_per_block.10k.{p}", f"ledger.evict_cold_ns_per_block.100k.{p}",
+            f"ledger.evict_flatness.100k_vs_10k.{p}", f"ledger.evict_cold_flatness.100k_vs_10k.{p}",
+            f"ledger.memory_bytes_per_block.100k.{p}"})
         mem = by[f"ledger.memory_bytes_per_block.100k.{p}"]
         assert mem["target_of"] == "value" and mem["unit"] == "B/block"
-        # The flatness result is the largest size's evict figure against the smallest's.
-        flat = by[f"ledger.evict_flatness.100k_vs_10k.{p}"]
-        assert flat["value"] == by[f"ledger.evict_ns_per_block.100k.{p}"]["value"]
-        assert "10k" in flat["baseline_name"]
+        # The flatness results are the largest size's evict figure against the smallest's,
+        # with the caches warm and cold.
+        for cold in ("", "_cold"):
+            flat = by[f"ledger.evict{cold}_flatness.100k_vs_10k.{p}"]
+            assert flat["target"] is not None
+            assert flat["value"] == by[f"ledger.evict{cold}_ns_per_block.100k.{p}"]["value"]
+            assert "10k" in flat["baseline_name"]
 
 
 def test_control_quick(capsys: pytest.CaptureFixture[str]) -> None:
@@ -161,6 +165,9 @@ def test_usage_errors() -> None:
     assert bench.main(["--help"]) == 0
     assert bench.main(["data", "--model", "m.json"]) == 2, "--model is for ttft only"
     assert bench.main(["data", "--trace", "t.jsonl"]) == 2, "--trace is for policy only"
+    assert bench.main(["data", "--seed", "3"]) == 2, "--seed is for policy only"
+    assert bench.main(["policy", "--mix", "turn_gap"]) == 2, "FIELD=VALUE"
+    assert bench.main(["policy", "--quick", "-q", "--mix", "nope=1"]) == 2, "no such field"
 
 
 def test_result_math_and_table() -> None:
@@ -231,3 +238,13 @@ def test_policy_replays_a_recorded_trace(capsys: pytest.CaptureFixture[str],
     with open(bad, "w") as fh:
         fh.write("nope\n")
     assert bench.main(["policy", "--trace", bad, "-q"]) == 2
+
+
+def test_policy_runs_another_seed_and_a_changed_mix() -> None:
+    from kvkeeper.server.bench import policy_bench
+    items = policy_bench.run(requests=80, seed=3, policies=["lru"],
+                             mix_changes={"turn_gap": "80", "scan_blocks": "32:64"})
+    assert {(r.params["seed"], tuple(r.params["mix_changes"].items())) for r in items} == {
+        (3, (("turn_gap", "80"), ("scan_blocks", "32:64")))}
+    with pytest.raises(ValueError, match="LOW:HIGH"):
+        policy_bench.run(requests=80, policies=["lru"], mix_changes={"scan_blocks": "32"})

@@ -33,12 +33,16 @@ LEDGER_METRICS = {
     "kvkeeper_prompt_blocks_total", "kvkeeper_prompt_tokens_total",
     "kvkeeper_hit_blocks_total", "kvkeeper_hit_tokens_total",
     "kvkeeper_saved_blocks_total", "kvkeeper_saved_bytes_total", "kvkeeper_evictions_total",
+    "kvkeeper_admission_refused_total",
     "kvkeeper_tier_capacity_bytes", "kvkeeper_tier_used_bytes", "kvkeeper_tier_pinned_bytes",
     "kvkeeper_tier_evictable_bytes", "kvkeeper_tier_page_size_bytes",
     "kvkeeper_tier_capacity_pages", "kvkeeper_tier_used_pages", "kvkeeper_tier_blocks",
     "kvkeeper_sessions", "kvkeeper_leases", "kvkeeper_reservations", "kvkeeper_namespaces",
     "kvkeeper_sessions_expired_total", "kvkeeper_sessions_ended_total",
     "kvkeeper_reservations_timed_out_total",
+    # the gpu tier (metrics_residency.py); the per-engine series exist per reporting engine
+    "kvkeeper_gpu_engines", "kvkeeper_residency_reports_total", "kvkeeper_residency_events_total",
+    "kvkeeper_residency_events_dropped_total",
 }
 OWNED_METRICS = {
     "kvkeeper_rpc_duration_seconds_bucket", "kvkeeper_rpc_duration_seconds_count",
@@ -51,8 +55,9 @@ NONZERO_AT_START = {
     "kvkeeper_up", "kvkeeper_build_info", "kvkeeper_start_time_seconds",
     "kvkeeper_tier_capacity_bytes", "kvkeeper_tier_page_size_bytes", "kvkeeper_tier_capacity_pages",
 }
+# engine: one value per live session reporting residency (metrics_residency.py)
 ALLOWED_LABELS = {"tier", "reason", "method", "code", "transport", "direction", "state",
-                  "version", "le"}
+                  "version", "le", "engine"}
 
 
 def key(i: int) -> bytes:
@@ -425,3 +430,24 @@ def test_promtool_check_metrics():
     assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
     # promtool prints lint problems even when it exits 0 in some versions.
     assert not proc.stdout.strip() and not proc.stderr.strip(), (proc.stdout + proc.stderr).decode()
+
+
+def test_admission_refusals_are_counted_per_tier():
+    """Host: a long run of fresh keys that would evict is not admitted (s3fifo);
+    disk: a never-hit copy bound for a full book, the first time it comes."""
+    m, L = make()
+    assert L.config.policy == "s3fifo"
+    s = L.register_session("vllm-0", NS, 1.0).id
+    for start in range(0, 32, 8):            # fill the tier in runs short enough to be admitted
+        L.commit(s, L.reserve(s, [key(i) for i in range(start, start + 8)], 1.0).reservation_id, 1.0)
+    assert L.top.free_pages == 0
+    r = L.reserve(s, [key(100 + i) for i in range(20)], 2.0)
+    assert r.reservation_id is None and set(r.statuses) == {"not-admitted"}
+    book = L.add_book("disk", 2 * PAGE)
+    book.written(book.reserve(b"n", key(0), 2 * PAGE).entry)
+    assert book.reserve(b"n", key(1), 2 * PAGE) is None
+    v = samples(m)
+    assert val(v, "kvkeeper_admission_refused_total", tier="host") == 20
+    assert val(v, "kvkeeper_admission_refused_total", tier="disk") == 1
+    assert val(v, "kvkeeper_evictions_total", tier="host", reason="capacity") == 0
+    L.check_invariants()

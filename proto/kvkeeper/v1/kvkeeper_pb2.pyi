@@ -13,6 +13,7 @@ class Tier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TIER_GPU: _ClassVar[Tier]
     TIER_HOST: _ClassVar[Tier]
     TIER_DISK: _ClassVar[Tier]
+    TIER_CLUSTER: _ClassVar[Tier]
 
 class Transport(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -38,10 +39,12 @@ class SlotStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SLOT_RESERVED: _ClassVar[SlotStatus]
     SLOT_PRESENT: _ClassVar[SlotStatus]
     SLOT_IN_FLIGHT: _ClassVar[SlotStatus]
+    SLOT_NOT_ADMITTED: _ClassVar[SlotStatus]
 TIER_UNSPECIFIED: Tier
 TIER_GPU: Tier
 TIER_HOST: Tier
 TIER_DISK: Tier
+TIER_CLUSTER: Tier
 TRANSPORT_UNSPECIFIED: Transport
 TRANSPORT_SHM: Transport
 TRANSPORT_STREAM: Transport
@@ -55,6 +58,7 @@ SLOT_STATUS_UNSPECIFIED: SlotStatus
 SLOT_RESERVED: SlotStatus
 SLOT_PRESENT: SlotStatus
 SLOT_IN_FLIGHT: SlotStatus
+SLOT_NOT_ADMITTED: SlotStatus
 
 class NamespaceDescriptor(_message.Message):
     __slots__ = ("model_id", "model_revision", "dtype", "kv_layout", "block_tokens", "block_bytes", "tp_rank", "tp_size", "cache_salt", "lora_tag")
@@ -167,16 +171,20 @@ class MatchRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease: _Optional[bool] = ..., blocks: _Optional[bool] = ..., report_use: _Optional[bool] = ...) -> None: ...
 
 class MatchResponse(_message.Message):
-    __slots__ = ("matched", "tiers", "lease_id", "blocks")
+    __slots__ = ("matched", "tiers", "lease_id", "blocks", "gpu_matched", "gpu_engine")
     MATCHED_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    GPU_MATCHED_FIELD_NUMBER: _ClassVar[int]
+    GPU_ENGINE_FIELD_NUMBER: _ClassVar[int]
     matched: int
     tiers: _containers.RepeatedScalarFieldContainer[Tier]
     lease_id: int
     blocks: _containers.RepeatedCompositeFieldContainer[BlockRef]
-    def __init__(self, matched: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., lease_id: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[BlockRef, _Mapping]]] = ...) -> None: ...
+    gpu_matched: int
+    gpu_engine: str
+    def __init__(self, matched: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., lease_id: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[BlockRef, _Mapping]]] = ..., gpu_matched: _Optional[int] = ..., gpu_engine: _Optional[str] = ...) -> None: ...
 
 class Extent(_message.Message):
     __slots__ = ("offset", "length")
@@ -239,14 +247,16 @@ class BlockChunk(_message.Message):
     def __init__(self, index: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., checksum_algo: _Optional[_Union[ChecksumAlgo, str]] = ..., checksum: _Optional[int] = ..., checksums: _Optional[_Iterable[int]] = ..., lease_id: _Optional[int] = ..., matched: _Optional[int] = ...) -> None: ...
 
 class ReserveSaveRequest(_message.Message):
-    __slots__ = ("session_id", "keys", "transport")
+    __slots__ = ("session_id", "keys", "transport", "parent_key")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    PARENT_KEY_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     transport: Transport
-    def __init__(self, session_id: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., transport: _Optional[_Union[Transport, str]] = ...) -> None: ...
+    parent_key: bytes
+    def __init__(self, session_id: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., transport: _Optional[_Union[Transport, str]] = ..., parent_key: _Optional[bytes] = ...) -> None: ...
 
 class SaveSlot(_message.Message):
     __slots__ = ("status", "extents")
@@ -383,7 +393,7 @@ class TierStats(_message.Message):
     def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., pinned_bytes: _Optional[int] = ..., evictable_bytes: _Optional[int] = ..., capacity_pages: _Optional[int] = ..., used_pages: _Optional[int] = ..., blocks: _Optional[int] = ..., pending_blocks: _Optional[int] = ..., evictions: _Optional[int] = ..., hit_blocks: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("version", "uptime_seconds", "tiers", "sessions", "leases", "reservations", "namespaces", "lookups", "lookup_keys", "hit_blocks", "eviction_policy", "hit_tokens", "lookup_blocks", "lookup_tokens", "prompt_blocks", "prompt_tokens")
+    __slots__ = ("version", "uptime_seconds", "tiers", "sessions", "leases", "reservations", "namespaces", "lookups", "lookup_keys", "hit_blocks", "eviction_policy", "hit_tokens", "lookup_blocks", "lookup_tokens", "prompt_blocks", "prompt_tokens", "tier_series", "engines")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     UPTIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
@@ -400,6 +410,8 @@ class StatsResponse(_message.Message):
     LOOKUP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TIER_SERIES_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
     version: str
     uptime_seconds: float
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
@@ -416,4 +428,41 @@ class StatsResponse(_message.Message):
     lookup_tokens: int
     prompt_blocks: int
     prompt_tokens: int
-    def __init__(self, version: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., sessions: _Optional[int] = ..., leases: _Optional[int] = ..., reservations: _Optional[int] = ..., namespaces: _Optional[int] = ..., lookups: _Optional[int] = ..., lookup_keys: _Optional[int] = ..., hit_blocks: _Optional[int] = ..., eviction_policy: _Optional[str] = ..., hit_tokens: _Optional[int] = ..., lookup_blocks: _Optional[int] = ..., lookup_tokens: _Optional[int] = ..., prompt_blocks: _Optional[int] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+    tier_series: _containers.RepeatedCompositeFieldContainer[TierSeries]
+    engines: _containers.RepeatedCompositeFieldContainer[EngineStats]
+    def __init__(self, version: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., sessions: _Optional[int] = ..., leases: _Optional[int] = ..., reservations: _Optional[int] = ..., namespaces: _Optional[int] = ..., lookups: _Optional[int] = ..., lookup_keys: _Optional[int] = ..., hit_blocks: _Optional[int] = ..., eviction_policy: _Optional[str] = ..., hit_tokens: _Optional[int] = ..., lookup_blocks: _Optional[int] = ..., lookup_tokens: _Optional[int] = ..., prompt_blocks: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., tier_series: _Optional[_Iterable[_Union[TierSeries, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[EngineStats, _Mapping]]] = ...) -> None: ...
+
+class TierSeries(_message.Message):
+    __slots__ = ("name", "kind", "labels", "value")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kind: str
+    labels: _containers.ScalarMap[str, str]
+    value: float
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., value: _Optional[float] = ...) -> None: ...
+
+class EngineStats(_message.Message):
+    __slots__ = ("engine", "instance_id", "namespace_id", "resident_blocks", "resident_bytes", "capacity_blocks")
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    instance_id: str
+    namespace_id: bytes
+    resident_blocks: int
+    resident_bytes: int
+    capacity_blocks: int
+    def __init__(self, engine: _Optional[str] = ..., instance_id: _Optional[str] = ..., namespace_id: _Optional[bytes] = ..., resident_blocks: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., capacity_blocks: _Optional[int] = ...) -> None: ...

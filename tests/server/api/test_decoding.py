@@ -8,7 +8,7 @@ from typing import Any
 import grpc
 import pytest
 
-from kvkeeper.v1 import admin_pb2, kvkeeper_pb2
+from kvkeeper.v1 import admin_pb2, kvkeeper_pb2, residency_pb2
 
 from test_servicer_errors import register, snapshot
 
@@ -42,7 +42,8 @@ async def outcome(call: Any) -> grpc.aio.AioRpcError:
 
 
 @pytest.mark.parametrize("module,service", [(kvkeeper_pb2, "KVKeeper"),
-                                            (admin_pb2, "KVKeeperAdmin")])
+                                            (admin_pb2, "KVKeeperAdmin"),
+                                            (residency_pb2, "KVKeeperResidency")])
 async def test_every_method_answers_a_malformed_request_invalid_argument(daemon: Any, module: Any,
                                                                         service: str) -> None:
     before = snapshot(daemon)

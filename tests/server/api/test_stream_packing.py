@@ -116,9 +116,11 @@ def test_stream_message_bytes_packs_blocks_that_fit_twice() -> None:
     from kvkeeper.server.api.servicer import stream_message_bytes
 
     KiB, MiB = 1 << 10, 1 << 20
-    assert stream_message_bytes(192 * KiB) == 10 * 192 * KiB
-    assert stream_message_bytes(256 * KiB) == 2 * MiB
-    assert stream_message_bytes(1 * MiB) == 2 * MiB
+    assert stream_message_bytes(192 * KiB) == 5 * 192 * KiB
+    assert stream_message_bytes(256 * KiB) == 1 * MiB
+    assert stream_message_bytes(512 * KiB) == 1 * MiB
+    assert stream_message_bytes(512 * KiB + 1) == 512 * KiB + 1   # fits once: one block
+    assert stream_message_bytes(1 * MiB) == 1 * MiB
     assert stream_message_bytes(1 * MiB + 1) == 1 * MiB   # a piece of one block
     assert stream_message_bytes(4 * MiB) == 1 * MiB
     assert stream_message_bytes(16) == 256 * 16          # MAX_PACK_BLOCKS

@@ -76,3 +76,14 @@ def test_a_bad_trace_names_its_line(tmp_path, line, why):
 
 def test_request_is_a_plain_record():
     assert Request((b"a",), 1) == Request((b"a",), 1)
+
+
+def test_a_mix_changed_from_text():
+    mix = MIXES["scan-heavy"]
+    changed = mix.changed({"turn_gap": "80", "scan_blocks": "32:128", "requests": "10"})
+    assert (changed.turn_gap, changed.scan_blocks, changed.requests) == (80.0, (32, 128), 10)
+    assert changed.chat == mix.chat and changed.name == mix.name
+    for bad, what in ((("nope", "1"), "does not exist"), (("turn_gap", "x"), "not a float"),
+                      (("scan_blocks", "1:2:3"), "LOW:HIGH"), (("name", "x"), "does not exist")):
+        with pytest.raises(ValueError, match=what):
+            mix.changed(dict([bad]))

@@ -367,7 +367,7 @@ def test_as_dict_and_renderings_round_trip(tmp_path):
     c = load(tmp_path, TOML, env={"KVKEEPER_LISTEN_SOCKET_MODE": "0600"})
     d = c.as_dict()
     assert list(d) == ["listen", "metrics", "host_tier", "disk_tier", "ledger", "server",
-                       "admin", "auth", "tls"]
+                       "admin", "auth", "tls", "cluster_tier"]
     assert d["listen"]["socket_mode"] == 0o600
     assert d["host_tier"]["capacity_bytes"] == 2 * GiB
     text = render_toml(c)

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policy_helpers import Blk, drain
-from kvkeeper.server.ledger.policy import (DEFAULT_POLICY, POLICIES, HitsLRUPolicy, LRUPolicy,
-                                           S3FIFOPolicy, make_policy)
+from kvkeeper.server.ledger.policy import (COLD, DEFAULT_POLICY, POLICIES, QUEUE, HitsLRUPolicy,
+                                           LRUPolicy, S3FIFOPolicy, make_policy)
 
 NAMES = sorted(POLICIES)
 
@@ -34,7 +34,8 @@ def test_make_policy_unknown_name_lists_the_choices(name):
 
 
 # ------------------------------------------------------------------ the contract
-OPS = st.lists(st.tuples(st.sampled_from(["add", "add", "remove", "hit", "hit", "pop"]),
+# add-cold: a block of a run admit_run called cold, as the ledger files it.
+OPS = st.lists(st.tuples(st.sampled_from(["add", "add", "add-cold", "remove", "hit", "hit", "pop"]),
                          st.integers(0, 11)), max_size=120)
 
 
@@ -49,7 +50,9 @@ def test_iteration_is_the_pop_order_and_holds_exactly_the_evictable(name, ops):
     held: set[int] = set()
     for op, i in ops:
         b = blocks[i]
-        if op == "add" and i not in held:
+        if op.startswith("add") and i not in held:
+            if op == "add-cold" and not b.pq & QUEUE:   # only a new block is filed cold
+                b.pq |= COLD
             p.add(b)
             held.add(i)
         elif op == "remove" and i in held:

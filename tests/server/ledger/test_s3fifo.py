@@ -1,11 +1,14 @@
-"""S3-FIFO (server/ledger/s3fifo.py): probation, main, ghosts, the adapting share."""
+"""S3-FIFO (server/ledger/s3fifo.py): probation, main, ghosts, the adapting share,
+cold runs and their admission."""
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policy_helpers import Blk, drain
-from kvkeeper.server.ledger.policy import LRUPolicy
+from kvkeeper.server.ledger.chains import GONE
+from kvkeeper.server.ledger.policy import (ADMIT, COLD, COLD_RUN, REFUSE, HitsLRUPolicy,
+                                           LRUPolicy)
 from kvkeeper.server.ledger.s3fifo import Ghost, S3FIFOPolicy
 
 
@@ -69,3 +72,41 @@ def test_s3fifo_long_drains_follow_the_listed_order(n, hit_every):
             p.hit(b)
     listed = [b.name for b in p]
     assert drain(p) == listed
+
+
+# ------------------------------------------------------------------ cold runs
+def cold(name):
+    b = Blk(name)
+    b.pq |= COLD          # as the ledger files a block of a run admit_run called cold
+    return b
+
+
+def test_s3fifo_cold_blocks_go_first_and_a_hit_sends_one_to_main():
+    p = S3FIFOPolicy()
+    warm = [Blk(f"w{i}") for i in range(5)]
+    docs = [cold(f"c{i}") for i in range(4)]
+    for b in warm + docs:
+        p.add(b)
+    assert [b.name for b in p][:4] == ["c0", "c1", "c2", "c3"] and len(p) == 9
+    p.hit(docs[1])
+    assert not docs[1].pq & COLD and docs[1].pq & 0xC == 0x8
+    p.remove(docs[2])                      # pinned: comes back cold
+    p.add(docs[2])
+    listed = [b.name for b in p]
+    assert listed[:3] == ["c0", "c3", "c2"] and listed[-1] == "c1"
+    assert drain(p) == listed
+    assert b"c0" in p.ghost                # evicted unhit, as from probation
+
+
+def test_s3fifo_admit_run_refuses_a_long_fresh_run_only_when_it_would_evict():
+    p = S3FIFOPolicy()
+    doc = [b"d%d" % i for i in range(S3FIFOPolicy.RUN + 1)]
+    assert p.admit_run(doc[:-1], None, evicts=True) == ADMIT       # RUN keys: short
+    assert p.admit_run(doc, None, evicts=False) == COLD_RUN
+    assert p.admit_run(doc, None, evicts=True) == REFUSE
+    assert p.admit_run(doc, None, evicts=True) == ADMIT            # remembered: its ghosts
+    assert p.admit_run([b"x"], GONE, evicts=True) == ADMIT         # filed stranded instead
+    assert p.admit_run([b"y"], cold("p"), evicts=False) == COLD_RUN
+    assert p.admit_run([b"z"], Blk("p"), evicts=True) == ADMIT
+    for other in (LRUPolicy(), HitsLRUPolicy()):
+        assert other.admit_run(doc + [b"n"], GONE, evicts=True) == ADMIT

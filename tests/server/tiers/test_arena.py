@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import stat
 import struct
-import uuid
 
 import numpy as np
 import pytest
@@ -13,22 +12,10 @@ from kvkeeper.server.ledger.pages import PageAllocator, iter_pages
 from kvkeeper.server.tiers.arena import (FORMAT_VERSION, HEADER_BYTES, MAGIC, Arena)
 
 PB = 4096
-SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 
 
 @pytest.fixture
-def shm_path(tmp_path):
-    base = SHM_DIR or str(tmp_path)
-    path = os.path.join(base, f"kvkeeper-test-{os.getpid()}-{uuid.uuid4().hex}")
-    yield path
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-@pytest.fixture
-def arena(shm_path):
+def arena(shm_path):   # shm_path: tests/conftest.py
     a = Arena.create(shm_path, HEADER_BYTES + 16 * PB, PB)
     yield a
     a.close()

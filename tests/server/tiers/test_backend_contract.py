@@ -1,9 +1,11 @@
 """One contract, every tier backend: the arena and the disk store pass the same
-suite. A new tier's backend joins KINDS and `harness`."""
+suite. A new tier's backend joins KINDS and `harness`. (The cluster tier has
+no BlockStore of its own: its I/O is asynchronous, not a backend's blocking
+calls; tests/server/tiers/cluster/test_cluster_tier.py covers the same ground,
+sizes, buffers, overwrite, absence, corruption, against a real server.)"""
 from __future__ import annotations
 
 import contextlib
-import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator
@@ -11,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from shm_paths import SHM_DIR, unique_shm_path
 
 from kvkeeper.server.ledger.pages import PageAllocator
 from kvkeeper.server.ledger.units import ceil_div
@@ -50,8 +53,7 @@ KINDS = ["arena", "disk"]
 @contextlib.contextmanager
 def harness(kind: str, tmp_path: Any) -> Iterator[Harness]:
     if kind == "arena":
-        base = "/dev/shm" if os.path.isdir("/dev/shm") else str(tmp_path)
-        path = os.path.join(base, f"kvkeeper-test-{os.getpid()}-{uuid.uuid4().hex}")
+        path = unique_shm_path(SHM_DIR or str(tmp_path))
         arena = Arena.create(path, HEADER_BYTES + ARENA_PAGES * PAGE, PAGE)
         try:
             yield Harness(ArenaBackend(arena), PageAllocator(ARENA_PAGES))

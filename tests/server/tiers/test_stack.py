@@ -64,24 +64,23 @@ class MemoryTier:
     """A LowerTier over MemoryBackend, doing its "I/O" inline."""
 
     name = MEM
+    keeps_book = True
 
     def __init__(self, write_back: bool = False, admit_after_hits: int = 0) -> None:
         self.backend = MemoryBackend()
         self.write_back, self.admit_after_hits, self.flush_failures = write_back, admit_after_hits, 0
 
-    async def io(self, fn: Any, *args: Any) -> Any:
-        return fn(*args)
-
     def loc(self, ns: bytes, key: bytes, nbytes: int) -> tuple:
         return self.backend.locate(ns, key, nbytes)
 
-    async def probe(self, ns: bytes, key: bytes) -> Optional[int]:
-        return None
+    async def probe_run(self, ns: bytes, keys: Any) -> list[Optional[int]]:
+        return []
 
-    def read_into(self, loc: tuple, dst: Any, dst_loc: Any) -> Optional[tuple]:
+    async def read_block(self, loc: tuple, dst: Any, dst_loc: Any) -> Optional[tuple]:
         return copy_block(self.backend, loc, dst, dst_loc, loc[2])
 
-    def write_from(self, src: Any, src_loc: Any, loc: tuple, checksum: Optional[tuple] = None) -> None:
+    async def write_block(self, src: Any, src_loc: Any, loc: tuple,
+                          checksum: Optional[tuple] = None) -> None:
         copy_block(src, src_loc, self.backend, loc, loc[2], checksum)
 
     def refusal(self, e: TierError) -> ClientError:
@@ -195,4 +194,19 @@ async def test_an_unreadable_copy_is_a_miss_and_leaves_the_book(arena) -> None:
     m = await stack.match(s.id, [key(1), key(2)], lease=True)
     assert m.matched == 1
     assert led.lower[MEM].evictions["corrupt"] == 1 and led.lower[MEM].get(s.ns.id, key(2)) is None
+    led.check_invariants()
+
+
+async def test_promoted_blocks_are_filed_under_the_block_before_them(arena) -> None:
+    # A chain of 3 promoted from below keeps its links, so the eviction order
+    # keeps each parent behind its child (chains.py).
+    led, stack, tier, s = build(arena)
+    ks = [key(i) for i in range(1, 4)]
+    await save(led, stack, s, ks)
+    led.reclaim_unpinned()
+    m = await stack.match(s.id, ks, lease=True)
+    assert m.matched == 3 and m.tiers == [MEM] * 3
+    b1, b2, b3 = (led.block(s.ns.id, k) for k in ks)
+    assert b1.parent is None and b2.parent is b1 and b3.parent is b2
+    led.release(s.id, m.lease_id, 1.0)
     led.check_invariants()

@@ -1,0 +1,97 @@
+"""The host tier's admission of cold runs through the ledger (s3fifo's
+admit_run): a long run of keys nobody saved lately is refused on a full tier
+and filed to be evicted first otherwise; recency policies admit everything."""
+from __future__ import annotations
+
+import pytest
+
+from kvkeeper.server.ledger import SlotStatus
+from kvkeeper.server.ledger.policy import COLD, QUEUE, Q2, S3FIFOPolicy
+
+RUN = S3FIFOPolicy.RUN
+
+
+def keys(key, start, n):
+    return [key(i) for i in range(start, start + n)]
+
+
+def order(led):
+    return [b.key for b in led.top.policy]
+
+
+def full_ledger(make_ledger, descriptor, key, store, policy="s3fifo", pages=2 * RUN):
+    """A tier of `pages` one-page blocks, full, filled in runs short enough to be admitted."""
+    led = make_ledger(pages, policy=policy)
+    s = led.register_session("i", descriptor(), 0.0)
+    for start in range(0, pages, RUN // 2):
+        store(led, s.id, keys(key, start, RUN // 2), 1.0)
+    assert led.top.free_pages == 0
+    return led, s
+
+
+def test_a_long_fresh_run_on_a_full_tier_is_refused_and_changes_nothing(
+        make_ledger, descriptor, key, store, snapshot):
+    led, s = full_ledger(make_ledger, descriptor, key, store)
+    before = snapshot(led)
+    doc = [key(0)] + keys(key, 1000, RUN + 1)          # one present, then a one-off document
+    r = led.reserve(s.id, doc, 2.0)
+    assert r.reservation_id is None and r.blocks == [None] * len(doc)
+    assert r.statuses == [SlotStatus.PRESENT] + [SlotStatus.NOT_ADMITTED] * (RUN + 1)
+    after = snapshot(led)
+    before["sessions"] = after["sessions"]               # the call renewed its session
+    assert after == before
+    assert led.top.admission_refused == RUN + 1
+    # Remembered: the same document saved again is admitted, into main.
+    r = led.reserve(s.id, doc[1:], 3.0)
+    assert r.reservation_id is not None and r.statuses == [SlotStatus.RESERVED] * (RUN + 1)
+    led.commit(s.id, r.reservation_id, 3.0)
+    assert all(led.block(s.ns.id, k).pq & QUEUE == Q2 for k in doc[1:])
+    led.check_invariants()
+
+
+def test_a_short_run_or_one_with_room_is_admitted(make_ledger, descriptor, key, store):
+    led, s = full_ledger(make_ledger, descriptor, key, store)
+    r = led.reserve(s.id, keys(key, 1000, RUN), 2.0)      # RUN fresh keys: not a cold run
+    assert r.reservation_id is not None and led.top.admission_refused == 0
+    led2 = make_ledger(4 * RUN, policy="s3fifo")
+    s2 = led2.register_session("i", descriptor(), 0.0)
+    r = led2.reserve(s2.id, keys(key, 0, RUN + 1), 2.0)   # cold, but nothing to evict
+    assert r.reservation_id is not None and all(b.pq & COLD for b in r.blocks)
+
+
+def test_a_cold_run_is_evicted_first_until_hit_and_its_continuation_is_cold(
+        make_ledger, descriptor, key, store):
+    led = make_ledger(4 * RUN, policy="s3fifo")
+    s = led.register_session("i", descriptor(), 0.0)
+    old = keys(key, 0, 4)
+    store(led, s.id, old, 1.0)
+    doc = keys(key, 100, RUN + 1)
+    store(led, s.id, doc, 2.0)
+    more = keys(key, 200, 2)                              # the document's next prefill step
+    r = led.reserve(s.id, more, 3.0, parent=doc[-1])
+    assert all(b.pq & COLD for b in r.blocks)
+    led.commit(s.id, r.reservation_id, 3.0)
+    listed = order(led)
+    assert set(listed[:RUN + 3]) == set(doc + more) and listed[RUN + 3:] == old[::-1]
+    m = led.match(s.id, doc[:2], lease=False, now=4.0)    # read again: not a one-off
+    assert m.matched == 2
+    hit = [led.block(s.ns.id, k) for k in doc[:2]]
+    assert all(not b.pq & COLD and b.pq & QUEUE == Q2 for b in hit)
+    assert not set(doc[:2]) & set(order(led)[:RUN + 1])
+    led.check_invariants()
+
+
+@pytest.mark.parametrize("policy", ["lru", "hits-lru"])
+def test_recency_policies_admit_every_run(make_ledger, descriptor, key, store, policy):
+    led, s = full_ledger(make_ledger, descriptor, key, store, policy=policy)
+    r = led.reserve(s.id, keys(key, 1000, 2 * RUN), 2.0)
+    assert r.reservation_id is not None and led.top.admission_refused == 0
+    assert not any(b.pq & COLD for b in r.blocks)
+
+
+def test_promotions_are_never_refused(make_ledger, descriptor, key, store):
+    led, s = full_ledger(make_ledger, descriptor, key, store)
+    r = led.reserve_internal(s.ns.id, keys(key, 1000, RUN + 1), 2.0)
+    assert r.reservation_id is not None and led.top.admission_refused == 0
+    led.abort_internal(r.reservation_id, 2.0)
+    led.check_invariants()
