@@ -198,10 +198,38 @@ def hit(res: Dict[str, Any]) -> int:
     return int(res["report"]["kvkeeper"]["hit_tokens"])
 
 
+def nan_decoded(tokens: List[int]) -> bool:
+    """vLLM's greedy sampler turns NaN logits into token 0 (the pad token
+    here, never in a prompt): two or more of them at the end of an output
+    are that, not a model's choice (p ~ 1/512 per token)."""
+    return len(tokens) >= 3 and tokens[-1] == 0 and tokens[-2] == 0
+
+
+def computed(engine: Engine, tokens: List[int], **kw: Any) -> Dict[str, Any]:
+    """engine A's own computation of a fresh prompt (nothing loaded, nothing
+    cached): the reference every check compares against. If vLLM's CPU
+    kernels decode NaN there, on this CPU, the architecture cannot be checked
+    here at all: that is skipped, naming the CPU, never passed."""
+    res = engine.generate(tokens, **kw)
+    if nan_decoded(res["tokens"]) and hit(res) == 0 and res["cached"] == 0:
+        pytest.skip(f"vLLM's CPU build decoded NaN logits ({res['tokens']}) in an engine that "
+                    f"loaded nothing, on this CPU ({_cpu_flags()}): a platform fault, not the "
+                    "connector's; the architecture is not checked here")
+    return res
+
+
+def _cpu_flags() -> str:
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return "flags unknown"
+    return " ".join(f for f in flags if f.startswith(("avx512", "amx", "avx2")))
+
+
 def test_b_hits_what_a_saved_with_identical_tokens(pair: Pair) -> None:
     bs = pair.arch.block
     tokens = prompt(f"full-{pair.arch.id}", 8 * bs + 5)
-    first = pair.a.generate(tokens)
+    first = computed(pair.a, tokens)
     assert hit(first) == 0, "a fresh prompt hit the daemon"
     pair.wait_stored(first["report"], tokens, 8)
     second = pair.b.generate(tokens)
@@ -221,7 +249,7 @@ def test_partial_hit_on_a_shared_prefix(pair: Pair) -> None:
     shared = prompt(f"shared-{pair.arch.id}", 5 * bs)
     a_tokens = shared + prompt(f"a-tail-{pair.arch.id}", 3 * bs + 7)
     b_tokens = shared + prompt(f"b-tail-{pair.arch.id}", 3 * bs + 7)
-    first = pair.a.generate(a_tokens)
+    first = computed(pair.a, a_tokens)
     pair.wait_stored(first["report"], a_tokens, 8)
     second = pair.b.generate(b_tokens)
     assert hit(second) == 5 * bs, second["report"]
@@ -232,7 +260,7 @@ def test_partial_hit_on_a_shared_prefix(pair: Pair) -> None:
         # salted save): either way cached, the rest computed, as B did
         assert reference["cached"] == 5 * bs and hit(reference) in (0, 5 * bs), reference
     else:
-        reference = pair.a.generate(b_tokens, salt="recompute")
+        reference = computed(pair.a, b_tokens, salt="recompute")
         assert hit(reference) == 0 and reference["cached"] == 0, reference
     assert second["tokens"] == reference["tokens"]
 
@@ -253,7 +281,7 @@ def _flip_signs(dtype: str):
 def test_altered_kv_changes_the_output(pair: Pair) -> None:
     bs = pair.arch.block
     tokens = prompt(f"altered-{pair.arch.id}", 6 * bs + 3)
-    first = pair.a.generate(tokens, max_tokens=8)
+    first = computed(pair.a, tokens, max_tokens=8)
     for ns, keys in pair.wait_stored(first["report"], tokens, 6):
         assert rewrite_stored_blocks(pair.daemon.url, ns, keys, _flip_signs(ns["dtype"])) == 6
     second = pair.b.generate(tokens, max_tokens=8)
