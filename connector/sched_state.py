@@ -56,6 +56,8 @@ class RequestState:
             "namespace": namespaces[0],
             "seed": self.chains[0].seed.hex(),
         }
+        if self.hit_sources:   # the last hit's tokens per tier (hit_sources.py)
+            out["hit_sources"] = dict(self.hit_sources)
         if groups > 1:   # every (TP rank, KV cache group) slot's, in slot order
             out["namespaces"] = list(namespaces)
             out["seeds"] = [c.seed.hex() for c in self.chains]

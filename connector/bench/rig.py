@@ -103,6 +103,10 @@ class Rig:
         assert self.probe is not None, "start_daemon first"
         self.probe.wait_saved(saved)
 
+    def wait_held_by_peer(self, res: Dict[str, Any], tokens: List[int]) -> None:
+        assert self.probe is not None, "start_daemon first"
+        self.probe.wait_held_by_peer(res, tokens)
+
     def evict_all(self) -> None:
         """Drop every unreferenced block (admin Evict all): each round of a
         latency benchmark starts from an empty cache, so the arena's

@@ -7,7 +7,7 @@ $KVKEEPER_BENCH_PYTHON, else this interpreter); this module itself imports
 neither (and nothing the daemon imports imports it). Per model of the matrix
 (ttft_matrix.py: M1, a one-layer model, at 2048 tokens; M2, a 6-layer GQA
 Llama, at 2048 and 4096; or --model configs) it starts a kvkeeper daemon
-(rig.py: the real daemon, shared memory, a unix socket) and five vLLM
+(rig.py: the real daemon, shared memory, a unix socket) and six vLLM
 engines, each in its own processes (engine.py, driven by driver.py), on
 dummy weights, blocks of 32 tokens, vLLM's own prefix caching off except in
 `prefix`:
@@ -19,6 +19,9 @@ dummy weights, blocks of 32 tokens, vLLM's own prefix caching off except in
   example    vLLM's in-tree ExampleConnector (safetensors files in a local
              directory, here in the page cache): each prompt is sent twice,
              the first saves it, the second (measured) loads it
+  peer       KVKeeperConnector with kvkeeper_peer (as kvk-a): loads a prompt
+             only kvk-a's KV cache holds, straight from kvk-a's shared
+             memory (a same-host peer hit, issue 14), and a host-tier hit
   prefix     no connector, vLLM's prefix caching on: THE FLOOR. It serves a
              prompt, then is asked for that prompt plus the token it
              generated: the KV is resident, nothing is loaded, one token is
@@ -54,6 +57,12 @@ untimed warm-ups. Per repetition, with a prompt of N tokens:
                kvk-b loads the prefix and computes the rest, prefix takes
                the prefix from its own cache and computes the rest
 
+  peer hit     first in a round: kvk-a computes a prompt, the daemon's host
+               tier drops it (admin Evict), so only kvk-a's cache holds it;
+               engine peer loads all its blocks from there (hit sources:
+               p2p), with kvk-a's greedy token; at the end of the round the
+               same engine has a host-tier full hit of kvk-a's other prompt
+
 Both recompute requests of a repetition are fresh prompts of the same length
 on the same engine, so every recompute baseline is the median of both.
 
@@ -73,6 +82,7 @@ about 25 minutes on a 2-core CPU (--quick: about 1 minute).
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -94,7 +104,7 @@ ARENA_PROMPTS = 8
 
 
 class Bench:
-    """One model of the matrix: a daemon and five engines, then each of its lengths."""
+    """One model of the matrix: a daemon and six engines, then each of its lengths."""
 
     def __init__(self, run: ModelRun, scale: Scale, log: Callable[[str], None], python: str,
                  tmp: str) -> None:
@@ -117,17 +127,21 @@ class Bench:
         url = self.rig.start_daemon(capacity)
         common = engine_args(model, self.s.in_process, self.m.max_model_len)
         # For A/B runs of connector settings: extra kv_connector_extra_config (JSON).
-        kvk_extra = ["--extra", os.environ["KVKEEPER_BENCH_CONNECTOR_EXTRA"]] \
-            if os.environ.get("KVKEEPER_BENCH_CONNECTOR_EXTRA") else []
+        extra = json.loads(os.environ.get("KVKEEPER_BENCH_CONNECTOR_EXTRA") or "{}")
 
-        def kvk(name: str) -> List[str]:
+        def kvk(name: str, peer: bool = False) -> List[str]:
+            more = {**extra, "kvkeeper_peer": True} if peer else extra
             return [*common, "--connector", "kvkeeper", "--url", url, "--report",
-                    "--timings", self.rig.timings_path(name), *kvk_extra]
+                    "--timings", self.rig.timings_path(name),
+                    *(["--extra", json.dumps(more)] if more else [])]
 
         self.rig.start_engines({
             "recompute": [*common, "--connector", "none"],
-            "kvk-a": kvk("kvk-a"),
+            # kvk-a also holds the peer case's prompt in its KV cache (in
+            # shared memory): it is only ever timed on misses
+            "kvk-a": kvk("kvk-a", peer=True),
             "kvk-b": kvk("kvk-b"),
+            "peer": kvk("peer", peer=True),
             "example": [*common, "--connector", "example", "--storage", storage,
                         "--timings", self.rig.timings_path("example")],
             "prefix": [*common, "--connector", "none", "--prefix-caching"],
@@ -147,6 +161,16 @@ class Bench:
         partial = prefix + p.tokens(n - shared)  # shares only the prefix
         served = p.tokens(n)                     # prefix's floor prompt
         self.rig.evict_all()   # the earlier rounds' blocks: see Rig.evict_all
+        # The peer case first, before kvk-a computes anything else: kvk-a
+        # computes a prompt, the daemon's host tier then drops it (what a
+        # host tier too small to keep it does), so only kvk-a's KV cache
+        # holds it, and engine peer copies it from there.
+        held = p.tokens(n)
+        a_held = one("kvk-a", held)
+        self.rig.wait_saved([(a_held, held)])
+        self.rig.evict_all()
+        self.rig.wait_held_by_peer(a_held, held)
+        peer_full = one("peer", held)
         a_full = one("kvk-a", full)
         a_src = one("kvk-a", src)
         # kvk-a sends its saves in the background: all of it is in the daemon
@@ -163,7 +187,9 @@ class Bench:
         p_src = one("prefix", src)
         p_floor = one("prefix", served + p_served["tokens"][:1])
         p_partial = one("prefix", partial)
-        return {"recompute_full": r_full, "recompute_partial": r_partial, "kvk_full": b_full,
+        peer_host = one("peer", full)   # the same engine's host-tier hit
+        return {"peer_full": peer_full, "peer_host": peer_host, "peer_src": a_held,
+                "recompute_full": r_full, "recompute_partial": r_partial, "kvk_full": b_full,
                 "kvk_partial": b_partial, "kvk_miss": a_full, "kvk_save_src": a_src,
                 "example_full": x_full, "example_save": x_save, "prefix_floor": p_floor,
                 "prefix_partial": p_partial, "prefix_served": p_served, "prefix_src": p_src}

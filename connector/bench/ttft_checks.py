@@ -28,7 +28,7 @@ from .ttft_matrix import Hits
 from .verify import (VerificationError, hits_problem, kvk_hit, loaded_blocks_problem,
                      tokens_problem)
 
-__all__ = ["Checks", "check_round", "fail_results"]
+__all__ = ["Checks", "check_round", "fail_results", "sources_problem"]
 
 
 class Checks:
@@ -61,7 +61,8 @@ def check_round(r: Dict[str, Any], hits: Hits) -> Checks:
     c = Checks()
     c.add(_kvk_hits("kvkeeper full hit (kvk-b)", [r["kvk_full"]], hits.full))
     c.add(_kvk_hits("kvkeeper partial hit (kvk-b)", [r["kvk_partial"]], hits.partial))
-    c.add(_kvk_hits("kvk-a (fresh prompts, must miss)", [r["kvk_miss"], r["kvk_save_src"]], 0))
+    c.add(_kvk_hits("kvk-a (fresh prompts, must miss)",
+                    [r["kvk_miss"], r["kvk_save_src"], r["peer_src"]], 0))
     c.add(loaded_blocks_problem("kvk-b (full hit)", r["kvk_full"], hits.full, hits.full_blocks))
     c.add(loaded_blocks_problem("kvk-b (partial hit)", r["kvk_partial"], hits.partial,
                                 hits.partial // BLOCK_TOKENS))
@@ -69,6 +70,16 @@ def check_round(r: Dict[str, Any], hits: Hits) -> Checks:
                          r["recompute_full"]["tokens"]))
     c.add(tokens_problem("kvkeeper partial hit (kvk-b)", r["kvk_partial"]["tokens"],
                          r["recompute_partial"]["tokens"]))
+    c.add(_kvk_hits("peer hit (engine peer, from kvk-a's cache)", [r["peer_full"]], hits.full))
+    c.add(_kvk_hits("host-tier hit (engine peer)", [r["peer_host"]], hits.full))
+    c.add(loaded_blocks_problem("engine peer (peer hit)", r["peer_full"], hits.full,
+                                hits.full_blocks))
+    c.add(sources_problem("peer hit (engine peer)", r["peer_full"], {"p2p": hits.full}))
+    c.add(sources_problem("host-tier hit (engine peer)", r["peer_host"], {"host": hits.full}))
+    c.add(tokens_problem("peer hit (engine peer)", r["peer_full"]["tokens"],
+                         r["peer_src"]["tokens"]))
+    c.add(tokens_problem("host-tier hit (engine peer)", r["peer_host"]["tokens"],
+                         r["recompute_full"]["tokens"]))
     cached: Callable[[str], int] = lambda key: int(r[key]["cached"])
     c.add(hits_problem("recompute (no connector, no prefix cache)",
                        [cached("recompute_full"), cached("recompute_partial")], 0))
@@ -82,6 +93,14 @@ def check_round(r: Dict[str, Any], hits: Hits) -> Checks:
     c.add(hits_problem("vLLM prefix-cache hit of the shared part (num_cached_tokens)",
                        [cached("prefix_partial")], hits.partial))
     return c
+
+
+def sources_problem(what: str, res: Dict[str, Any], want: Dict[str, int]) -> Optional[str]:
+    """The tiers a hit came from (its report's hit_sources: vLLM's
+    CacheHitSource names) must be `want`: a peer hit served by the host
+    tier is another figure."""
+    got = ((res.get("params") or {}).get("kvkeeper") or {}).get("hit_sources") or {}
+    return None if got == want else f"{what}: hit sources {got}, expected {want}"
 
 
 def fail_results(out: List[Result], checks: Checks, case_name: str) -> List[Result]:

@@ -24,6 +24,11 @@ repetitions (p90 in params beside every median):
   full_hit.connector_cost.kvkeeper_vs_example_connector  informational: what
         each connector spends of a full hit (the scheduler's lookup and the
         worker's load before the forward pass)
+  full_hit.peer_vs_host                        informational: a full hit copied
+        from a same-host peer's KV cache (engine peer from kvk-a's shared
+        memory; nothing in the host tier) against the same engine's host-tier
+        hit (issue 14)
+  full_hit.peer_vs_recompute                   informational
 
 params carry every sample, the verified hit, the greedy tokens compared with
 recompute, the median breakdown of a hit measured inside the engines
@@ -146,6 +151,17 @@ def results(rounds: List[Dict[str, Any]], case: Case, s: Scale, hits: Hits,
                 "baseline_samples": [round(x, 6) for x in xc]},
         note="the part of a full hit's TTFT each connector itself spends: the scheduler's "
              "lookup and the worker's load before the forward pass (ttft_connector.py)"))
+    peer = {**full, "hit_sources": {"p2p": hits.full},
+            "peer_breakdown_s": breakdown(rounds, "peer_full"),
+            "host_breakdown_s": breakdown(rounds, "peer_host")}
+    out += [
+        res("full_hit.peer_vs_host", "peer_full", ttfts("peer_host"),
+            "the same engine's full hit from the daemon's host tier", peer,
+            note="engine peer copies a prompt only kvk-a's KV cache holds (the host tier "
+                 "dropped it) from kvk-a's shared memory, against its own host-tier hit "
+                 "on another prompt of the same length (issue 14)"),
+        res("full_hit.peer_vs_recompute", "peer_full", recompute, rec_name, peer),
+    ]
     save_sent = [t["dur"] for r in rounds for key in ("kvk_miss", "kvk_save_src")
                  for t in (r[key].get("timings") or []) + (r[key].get("before") or [])
                  if t.get("event") == "save_sent"]

@@ -104,6 +104,7 @@ class SavedProbe:
         self.url = url
         self.instance_id = instance_id
         self.client: Any = None
+        self.peers: Any = None
 
     def stored(self, report: Dict[str, Any], tokens: Sequence[int]) -> Tuple[int, int]:
         """(blocks of `tokens` the daemon holds, full blocks of `tokens`)."""
@@ -130,6 +131,29 @@ class SavedProbe:
                                             f"saved within {timeout:.0f} s")
                 time.sleep(0.02)
 
+    def wait_held_by_peer(self, res: Dict[str, Any], tokens: Sequence[int],
+                          timeout: float = 30.0) -> None:
+        """Wait until another engine's KV cache publishes every full block of
+        `tokens` (request result `res`) to the daemon's peer registry: a
+        peer hit has something to copy (the holder publishes after its step)."""
+        from kvkeeper.client.peer import PeerClient
+        from kvkeeper.client.peer_wire import peer_socket_path
+
+        info = res["params"]["kvkeeper"]
+        self.stored(res["params"], tokens)    # connects self.client (a session)
+        keys = chain_keys(bytes.fromhex(info["seed"]), list(tokens), int(info["block_tokens"]))
+        if self.peers is None:
+            self.peers = PeerClient(peer_socket_path(self.url.removeprefix("unix://")))
+        deadline = time.monotonic() + timeout
+        while True:
+            got = self.peers.match(self.client.session_id, self.instance_id, keys).matched
+            if got >= len(keys):
+                return
+            if time.monotonic() > deadline:
+                raise VerificationError(f"a peer's cache published only {got} of {len(keys)} "
+                                        f"blocks of a prompt within {timeout:.0f} s")
+            time.sleep(0.02)
+
     def evict_all(self) -> None:
         """Evict every unreferenced block, through the daemon's admin API."""
         with grpc.insecure_channel(to_grpc_target(self.url)) as channel:
@@ -138,6 +162,9 @@ class SavedProbe:
     def close(self) -> None:
         client: Optional[Any] = self.client
         self.client = None
+        if self.peers is not None:
+            self.peers.close()
+            self.peers = None
         if client is not None:
             try:
                 client.close()

@@ -36,6 +36,8 @@ TARGETS = {
     "partial_hit.kvkeeper_vs_recompute": None,
     "miss.kvkeeper_vs_recompute": None,
     "full_hit.connector_cost.kvkeeper_vs_example_connector": None,
+    "full_hit.peer_vs_host": None,
+    "full_hit.peer_vs_recompute": None,
 }
 
 
@@ -108,6 +110,8 @@ def test_ttft_quick_json_shape_and_verified_hits() -> None:
     assert spread["baseline_value"] == pytest.approx(by[f"ttft.{CASE}.full_hit.kvkeeper_vs_floor"]
                                                      ["value"])
     assert spread["value"] >= spread["baseline_value"]
+    peer = params("full_hit.peer_vs_host")
+    assert peer["hit_sources"] == {"p2p": 511} and peer["hit_tokens"] == 511
     part = params("partial_hit.kvkeeper_vs_vllm_prefix_cache")
     assert part["shared_prefix_tokens"] == 384 and part["hit_tokens"] == 384
     assert part["vllm_prefix_cache_hit_tokens"] == 384

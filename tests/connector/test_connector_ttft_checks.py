@@ -18,17 +18,24 @@ HITS = Hits.of(CASE)
 
 def good_round(tok: int = 5) -> Dict[str, Any]:
     """A round as Bench.round returns it, where every check holds."""
-    def res(cached: int = 0, hit: Any = None, blocks: int = 0, tokens: Any = None) -> Dict:
+    def res(cached: int = 0, hit: Any = None, blocks: int = 0, tokens: Any = None,
+            source: str = "host") -> Dict:
         timings = [{"event": "lookup", "dur": 0.001}]
         if blocks:
             timings.append({"event": "load", "dur": 0.002, "blocks": blocks})
         params = None if hit is None else {"kvkeeper": {"hit_tokens": hit}}
+        if hit:
+            params["kvkeeper"]["hit_sources"] = {source: hit}
         return {"ttft": 0.05, "wall": 0.06, "cached": cached, "params": params,
                 "timings": timings, "tokens": [tok] if tokens is None else tokens}
     return {"recompute_full": res(), "recompute_partial": res(tokens=[tok + 1]),
             "kvk_full": res(hit=HITS.full, blocks=HITS.full_blocks),
             "kvk_partial": res(hit=HITS.partial, blocks=HITS.partial // 32, tokens=[tok + 1]),
             "kvk_miss": res(hit=0), "kvk_save_src": res(hit=0),
+            "peer_src": res(hit=0, tokens=[tok + 3]),
+            "peer_full": res(hit=HITS.full, blocks=HITS.full_blocks, tokens=[tok + 3],
+                             source="p2p"),
+            "peer_host": res(hit=HITS.full, blocks=HITS.full_blocks),
             "example_save": res(), "example_full": res(cached=HITS.example_full),
             "prefix_served": res(), "prefix_src": res(),
             "prefix_floor": res(cached=HITS.floor),
@@ -37,7 +44,7 @@ def good_round(tok: int = 5) -> Dict[str, Any]:
 
 def test_a_good_round_passes_every_check() -> None:
     c = check_round(good_round(), HITS)
-    assert c.problems == [] and c.count == 13
+    assert c.problems == [] and c.count == 20
 
 
 def spoil(r: Dict[str, Any], how: str) -> None:
@@ -59,6 +66,10 @@ def spoil(r: Dict[str, Any], how: str) -> None:
         r["prefix_floor"]["cached"] = HITS.floor - 32
     elif how == "example":
         r["example_full"]["cached"] = 0
+    elif how == "peer_from_host":
+        r["peer_full"]["params"]["kvkeeper"]["hit_sources"] = {"host": HITS.full}
+    elif how == "peer_greedy":
+        r["peer_full"]["tokens"] = [1]
     elif how == "recompute_cached":
         r["recompute_partial"]["cached"] = 64
     else:
@@ -72,12 +83,14 @@ def spoil(r: Dict[str, Any], how: str) -> None:
     ("greedy_partial", "partial hit (kvk-b): greedy tokens [5] differ"),
     ("miss_hit", "must miss"), ("floor", "the floor"), ("example", "ExampleConnector"),
     ("recompute_cached", "recompute"),
+    ("peer_from_host", "peer hit (engine peer): hit sources {'host'"),
+    ("peer_greedy", "peer hit (engine peer): greedy tokens [1]"),
 ])
 def test_each_wrong_hit_is_one_problem(how: str, words: str) -> None:
     r = good_round()
     spoil(r, how)
     c = check_round(r, HITS)
-    assert len(c.problems) == 1 and words in c.problems[0] and c.count == 13
+    assert len(c.problems) == 1 and words in c.problems[0] and c.count == 20
 
 
 def test_vllms_own_greedy_tokens_are_reported_not_required() -> None:
@@ -111,7 +124,7 @@ def test_a_failed_check_fails_every_target_of_the_case() -> None:
     assert all(x.params["hit_verified"] is True for x in ok[:-1])
     ver = ok[-1]
     assert ver.name == "ttft.m1.512.verification.failed_checks"
-    assert ver.value == 0 and ver.baseline_value == 9 * 13 and ver.meets_target
+    assert ver.value == 0 and ver.baseline_value == 9 * 20 and ver.meets_target
 
     spoil(rounds[4], "greedy_full")
     bad = case_results(rounds, True)
