@@ -78,7 +78,7 @@ verification.failed_checks result). vLLM's own hits' greedy tokens are
 compared with recompute's and reported (ttft_results.py).
 
 Results and what their params carry: ttft_results.py. The full matrix takes
-about 25 minutes on a 2-core CPU (--quick: about 1 minute).
+about 60 minutes on a 2-core CPU (--quick: about 3 minutes).
 """
 from __future__ import annotations
 

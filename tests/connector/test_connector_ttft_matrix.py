@@ -74,7 +74,8 @@ def test_bad_model_configs_are_usage_errors(tmp_path, text: str, why: str) -> No
 def fake_rounds(reps: int, seed: int = 7) -> list:
     rng = random.Random(seed)
     keys = ("recompute_full", "recompute_partial", "kvk_full", "kvk_partial", "kvk_miss",
-            "kvk_save_src", "example_full", "example_save", "prefix_floor", "prefix_partial")
+            "kvk_save_src", "example_full", "example_save", "prefix_floor", "prefix_partial",
+            "peer_full", "peer_host", "peer_src")
     return [{k: {"ttft": rng.uniform(0.01, 2.0), "wall": 1.0, "tokens": [rng.randrange(9)],
                  "timings": [{"event": "lookup", "dur": 0.001},
                              {"event": "load", "dur": 0.002, "blocks": 16}]}
@@ -86,7 +87,7 @@ def test_results_compare_the_right_samples() -> None:
     rounds = fake_rounds(9)
     out = results(rounds, case, Scale.for_mode(False), Hits.of(case), None)
     by = {r.name: r for r in out}
-    assert len(by) == len(out) == 10 and all(n.startswith("ttft.m1.512.") for n in by)
+    assert len(by) == len(out) == 12 and all(n.startswith("ttft.m1.512.") for n in by)
 
     def med(key: str) -> float:
         return median([r[key]["ttft"] for r in rounds])
@@ -106,6 +107,10 @@ def test_results_compare_the_right_samples() -> None:
     assert part.value == pytest.approx(med("kvk_partial"), abs=1e-6)
     assert part.baseline_value == pytest.approx(med("prefix_partial"), abs=1e-6)
     assert part.target == "<= 1.1"
+    peer = by["ttft.m1.512.full_hit.peer_vs_host"]
+    assert peer.value == pytest.approx(med("peer_full"), abs=1e-6)
+    assert peer.baseline_value == pytest.approx(med("peer_host"), abs=1e-6)
+    assert peer.target is None
     rec = by["ttft.m1.512.full_hit.kvkeeper_vs_recompute"]
     pooled = [r[k]["ttft"] for k in ("recompute_full", "recompute_partial") for r in rounds]
     assert rec.baseline_value == pytest.approx(median(pooled), abs=1e-6) and rec.target is None
