@@ -346,15 +346,27 @@ def test_daemon_hit_tokens_equal_vllms_when_vllms_own_cache_holds_part(cluster: 
     assert s1.prompt_tokens - s0.prompt_tokens == prompts
 
 
-def test_hits_resume_within_5_s_of_a_daemon_restart_under_live_traffic(cluster: Cluster) -> None:
+def test_hits_resume_after_a_daemon_restart_under_live_traffic(cluster: Cluster) -> None:
     """A serves fresh prompts back to back, two per call, and B serves those A
     served since B's last call (a hit when B finds A's blocks). The daemon is
     SIGKILLed and, 1 s later, restarted (empty) while both keep serving: no
     request fails, every output of B equals A's, the four engine sessions are
-    registered again, and B hits again within 5 s of the new daemon answering."""
+    registered again within 5 s of the new daemon answering, and B hits on
+    the first (at most the second: A's save is asynchronous) of its calls
+    whose prompts A computed wholly after that.
+
+    Why not a wall-clock bound on the hit itself: a hit after the restart
+    needs a call of A that starts after its link is back and then a call of
+    B, each behind the call it had in flight; on a loaded 2-core CI machine
+    these take ~1.7 s each, so "hit within 5 s" measured vLLM's call times
+    there (8.6 s), not the link's recovery. The recovery is what the daemon
+    and the connector own: sessions back, and no call of B that could have
+    hit missing (more than the one save race)."""
     stop = threading.Event()
-    served: "queue.Queue[Tuple[float, List[Tuple[List[int], List[int]]]]]" = queue.Queue()
-    b_runs: List[Tuple[float, float, int, bool]] = []   # start, end, best hit, same outputs
+    # A's calls: start, end, (prompt, output) pairs
+    served: "queue.Queue[Tuple[float, float, List[Tuple[List[int], List[int]]]]]" = queue.Queue()
+    # B's calls: start, end, best hit, same outputs, earliest start of the A calls it replays
+    b_runs: List[Tuple[float, float, int, bool, float]] = []
     errors: List[str] = []
     if cluster._client is not None:   # only the engines' sessions are counted below
         cluster._client.close()
@@ -364,32 +376,36 @@ def test_hits_resume_within_5_s_of_a_daemon_restart_under_live_traffic(cluster: 
         i = 0
         while not stop.is_set():
             ps = [prompt(f"live-{i}-{j}", 70) for j in range(2)]   # 2 full blocks each
+            t0 = time.monotonic()
             try:
                 r = cluster.a.generate(ps, 2)
             except Exception as e:  # noqa: BLE001 - a failed request fails the test
                 errors.append(f"A: {e}")
                 return
-            served.put((time.monotonic(), list(zip(ps, r["outputs"]))))
+            served.put((t0, time.monotonic(), list(zip(ps, r["outputs"]))))
             i += 1
 
-    def since_last() -> Tuple[float, List[Tuple[List[int], List[int]]]]:
-        """What A served since B's last call (the newest 4 prompts)."""
-        done, items = 0.0, []
+    def since_last() -> Tuple[float, float, List[Tuple[List[int], List[int]]]]:
+        """What A served since B's last call (the newest 2 calls' 4 prompts):
+        when the newest of them ended, when the oldest of them started."""
+        calls: List[Tuple[float, float, List[Tuple[List[int], List[int]]]]] = []
         try:
-            done, items = served.get(timeout=0.5)
+            calls.append(served.get(timeout=0.5))
             while True:
-                done, more = served.get_nowait()
-                items = items + more
+                calls.append(served.get_nowait())
         except queue.Empty:
             pass
-        return done, items[-4:]
+        calls = calls[-2:]
+        if not calls:
+            return 0.0, 0.0, []
+        return calls[-1][1], calls[0][0], [it for c in calls for it in c[2]]
 
     def run_b() -> None:
         while not stop.is_set():
-            done, items = since_last()
+            done, a_start, items = since_last()
             if not items:
                 continue
-            time.sleep(max(0.0, done + 0.1 - time.monotonic()))   # A's save is asynchronous
+            time.sleep(max(0.0, done + 0.3 - time.monotonic()))   # A's save is asynchronous
             t0 = time.monotonic()
             try:
                 r = cluster.b.generate([p for p, _ in items], 2)
@@ -398,12 +414,12 @@ def test_hits_resume_within_5_s_of_a_daemon_restart_under_live_traffic(cluster: 
                 return
             hit = max(rep["kvkeeper"]["hit_tokens"] for rep in r["reports"])
             same = all(out == want for out, (_, want) in zip(r["outputs"], items))
-            b_runs.append((t0, time.monotonic(), hit, same))
+            b_runs.append((t0, time.monotonic(), hit, same, a_start))
 
     def first_hit_after(t: float, timeout: float) -> Optional[float]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not errors:
-            for start, end, hit, _ in list(b_runs):
+            for start, end, hit, *_ in list(b_runs):
                 if end > t and hit > 0:
                     return end
             time.sleep(0.02)
@@ -427,25 +443,37 @@ def test_hits_resume_within_5_s_of_a_daemon_restart_under_live_traffic(cluster: 
                 sessions_back = time.monotonic()
                 break
             time.sleep(0.02)
-        resumed = first_hit_after(t_up, 60.0)
-        time.sleep(2.0)                                  # and traffic goes on after it
+        resumed = first_hit_after(t_up, 90.0)
+        # and traffic goes on until B made two calls on prompts A computed
+        # after the sessions were back (or one that hit)
+        deadline = time.monotonic() + 90.0
+        while time.monotonic() < deadline and not errors and sessions_back is not None:
+            later = [r for r in list(b_runs) if r[4] > sessions_back]
+            if len(later) >= 2 or any(r[2] > 0 for r in later):
+                break
+            time.sleep(0.05)
     finally:
         stop.set()
         for t in threads:
             t.join(180)
     assert not errors, errors
     assert resumed is not None, "hits did not resume after the daemon restarted"
+    assert sessions_back is not None, "the engines did not register again"
     during = [r for r in b_runs if t_kill < r[1] and r[0] < t_up]
     calls = [r[1] - r[0] for r in b_runs]
-    print(f"\nkvkeeper daemon restart: hits resumed {resumed - t_up:.2f} s after the new daemon "
-          f"answered ({resumed - t_restart:.2f} s after it was started, "
-          f"{resumed - t_kill:.2f} s after the kill); the 4 engine sessions were back after "
-          + (f"{sessions_back - t_up:.2f} s" if sessions_back else "more than 30 s")
-          + f"; B made {len(b_runs)} calls ({len(during)} during the outage, median "
-          f"{sorted(calls)[len(calls) // 2]:.2f} s), none failed")
-    assert all(same for *_, same in b_runs), "an output of B differs from A's"
-    assert sessions_back is not None, "the engines did not register again"
-    assert resumed - t_up <= 5.0
+    could_hit = [r for r in b_runs if r[4] > sessions_back]
+    print(f"\nkvkeeper daemon restart: the 4 engine sessions were back "
+          f"{sessions_back - t_up:.2f} s after the new daemon answered ({t_up - t_restart:.2f} s "
+          f"after it was started); hits resumed {resumed - t_up:.2f} s after it answered "
+          f"({resumed - t_kill:.2f} s after the kill); B made {len(b_runs)} calls "
+          f"({len(during)} during the outage, median {sorted(calls)[len(calls) // 2]:.2f} s), "
+          f"none failed; of B's calls on prompts A computed after the sessions were back, "
+          f"hits: {[r[2] for r in could_hit]}")
+    assert all(r[3] for r in b_runs), "an output of B differs from A's"
+    assert sessions_back - t_up <= 5.0
+    assert could_hit, "B made no call on prompts A computed after the sessions were back"
+    assert any(r[2] > 0 for r in could_hit[:2]), (
+        "B missed on its first two calls whose prompts A computed after the sessions were back")
     cluster.wait_no_leases()
 
 

@@ -76,7 +76,7 @@ def test_killed_daemon_opens_the_breaker_and_a_restart_closes_it(sock: str) -> N
         t = time.monotonic()
         with pytest.raises(LinkDown):  # the breaker answers without touching the daemon
             link.call(lambda c: c.match([key]), "lookup")
-        assert time.monotonic() - t < 0.1
+        assert time.monotonic() - t < 0.5   # no RPC: well under the 1 s deadline, with room for a loaded CI host
         old_session = link.session_id()
         d.start()  # a new daemon, empty, on the same socket
         # the watcher finds it and registers a new session: no caller has to
@@ -129,7 +129,7 @@ def test_a_hung_daemon_costs_one_deadline_then_the_breaker_answers(sock: str) ->
         t = time.monotonic()
         with pytest.raises(LinkDown):
             link.call(lambda c: c.match([key]), "lookup")
-        assert time.monotonic() - t < 0.1
+        assert time.monotonic() - t < 0.5   # no RPC: well under the 1 s deadline, with room for a loaded CI host
         d.resume()
         assert until(lambda: link.call(lambda c: c.match([key]), "lookup")).matched == 0
     finally:
