@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .recency import (ADMIT, COLD, COLD_RUN, FREQ, MAX_FREQ, QUEUE, Q1, Q2, REFUSE, EvictionPolicy,
-                      HitsLRUPolicy, LRUPolicy)
+from .recency import (ADMIT, COLD, COLD_RUN, FREQ, MAX_FREQ, QUEUE, Q1, Q2, REFUSE, WARM_RUN,
+                      EvictionPolicy, HitsLRUPolicy, LRUPolicy)
 from .s3fifo import S3FIFOPolicy
 
 POLICIES: dict[str, Callable[[], EvictionPolicy]] = {
@@ -50,5 +50,5 @@ def make_policy(name: str) -> EvictionPolicy:
 
 
 __all__ = ["ADMIT", "COLD", "COLD_RUN", "DEFAULT_POLICY", "FREQ", "MAX_FREQ", "POLICIES", "Q1", "Q2",
-           "QUEUE", "REFUSE", "EvictionPolicy", "HitsLRUPolicy", "LRUPolicy", "S3FIFOPolicy",
+           "QUEUE", "REFUSE", "WARM_RUN", "EvictionPolicy", "HitsLRUPolicy", "LRUPolicy", "S3FIFOPolicy",
            "make_policy"]

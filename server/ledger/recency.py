@@ -19,7 +19,7 @@ MAX_FREQ = 3
 COLD = 0x80
 
 # What a page tier's policy answers about a reserve's new keys (admit_run).
-ADMIT, COLD_RUN, REFUSE = "admit", "cold", "refuse"
+ADMIT, COLD_RUN, REFUSE, WARM_RUN = "admit", "cold", "refuse", "warm"
 
 
 class EvictionPolicy(ABC):
@@ -66,7 +66,9 @@ class EvictionPolicy(ABC):
         keys of one run of a chain, the first under `parent` (a block, None,
         or chains.GONE). `evicts`: making their room evicts. ADMIT; COLD_RUN:
         file them, each marked COLD (evicted before anything else until hit);
-        REFUSE: file none of them, evict nothing. Recency policies admit all."""
+        WARM_RUN: file them with a frequency of 1, as if hit once (a run that
+        continues a chain being read again); REFUSE: file none of them, evict
+        nothing. Recency policies admit all."""
         return ADMIT
 
 

@@ -32,6 +32,15 @@ blocks (256 tokens of 16-token blocks) that nobody saved lately is a new
 document, while a conversation's next turn adds its user message to
 blocks saved before, and decode saves a block or two a step.
 
+A conversation's next turn is the one run known to be read again soon: its
+parent is the leaf the turn just read back (its first hit, no cached
+children), where a one-off message hangs under a shared prefix that has
+children already. Such a run is WARM: filed with a frequency of 1, so
+probation hands it to main instead of letting it go before the turn after.
+On the policy benchmark (seeds 1 and 2) that raised the 10% points by up to
+0.05 of the optimum (scan-heavy 0.75 -> 0.80) and no point fell by more than
+0.01; counting a run that holds a ghost key as warm too did worse.
+
 A ghost is a table of 16-bit fingerprints indexed by the key's hash, two
 slots per evictable block (grown by doubling, which forgets it): a new
 fingerprint overwrites whatever shared its slot, so old ghosts age out at
@@ -48,7 +57,8 @@ from typing import Any, Iterator, Sequence
 
 from .chains import GONE
 from .freelist import FreeList
-from .recency import ADMIT, COLD, COLD_RUN, FREQ, MAX_FREQ, Q1, Q2, QUEUE, REFUSE, EvictionPolicy
+from .recency import (ADMIT, COLD, COLD_RUN, FREQ, MAX_FREQ, Q1, Q2, QUEUE, REFUSE, WARM_RUN,
+                      EvictionPolicy)
 
 SMALL, MAIN = Q1, Q2
 
@@ -161,7 +171,9 @@ class S3FIFOPolicy(EvictionPolicy):
             elif self.main_ghost.take(k):
                 q = MAIN
                 self.share = max(self.MIN_SHARE, self.share - self.SHRINK_M)
-            block.pq = (block.pq & ~(QUEUE | FREQ | (COLD if q == MAIN else 0))) | q
+            # A warm run's blocks (admit_run) keep their frequency of 1 on probation.
+            drop = QUEUE | COLD | FREQ if q == MAIN else QUEUE
+            block.pq = (block.pq & ~drop) | q
         self._list(block).append(block)
         n = len(self)
         if n > self._peak:
@@ -225,12 +237,21 @@ class S3FIFOPolicy(EvictionPolicy):
         cold = len(fresh) > self.RUN or (parent is not None and parent is not GONE
                                          and parent.pq & COLD)
         if not cold:
-            return ADMIT
+            return WARM_RUN if self._continues(parent) else ADMIT
         if not evicts:
             return COLD_RUN
         for k in fresh:
             self.ghost.put(k)
         return REFUSE
+
+    @staticmethod
+    def _continues(parent: Any) -> bool:
+        """A run under a leaf that was just read for the first time: a
+        conversation's next turn under the turn it read back (see the module
+        docstring). A shared prefix has children already (the messages that
+        followed it), and a shared document read again has been hit before."""
+        return (parent is not None and parent is not GONE and parent.child is None
+                and parent.hits == 1)
 
     def __len__(self) -> int:
         return len(self._cold) + len(self._small) + len(self._main)

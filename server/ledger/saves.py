@@ -14,7 +14,7 @@ from ..errors import FailedPrecondition, InvalidArgument, NotFound, OutOfRange, 
 from ..ids import LOCAL, BlockKey, Identity, NamespaceId, ReservationId, SessionId
 from . import books
 from .chains import GONE, link
-from .policy import ADMIT, COLD, COLD_RUN, REFUSE
+from .policy import ADMIT, COLD, COLD_RUN, REFUSE, WARM_RUN
 from .quota import check_quota, quota_for
 from .records import Block, Holder, Namespace, Reservation
 from .results import ReserveResult, SlotStatus
@@ -94,6 +94,8 @@ class Saves:
             link(b, ns.blocks[keys[i - 1]] if i else self._first_parent(ns, keys[0], parent))
             if run == COLD_RUN:
                 b.pq |= COLD
+            elif run == WARM_RUN:
+                b.pq |= 1          # a frequency of 1 (recency.py FREQ)
         rid = ReservationId(self._next_reservation)
         self._next_reservation += 1
         written = [0] * len(keys) if track_writes else None

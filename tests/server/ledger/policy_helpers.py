@@ -5,13 +5,14 @@ from kvkeeper.server.ledger.policy import EvictionPolicy
 
 
 class Blk:
-    __slots__ = ("name", "key", "hits", "prev", "next", "pq")
+    __slots__ = ("name", "key", "hits", "prev", "next", "pq", "child")
 
     def __init__(self, name: str, hits: int = 0) -> None:
         self.name, self.hits = name, hits
         self.key = name.encode()
         self.prev = self.next = None
         self.pq = 0
+        self.child = None    # chains.py: a cached child (admit_run reads it)
 
     def __repr__(self) -> str:
         return f"Blk({self.name}, hits={self.hits})"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvkeeper.server.ledger import SlotStatus
-from kvkeeper.server.ledger.policy import COLD, QUEUE, Q2, S3FIFOPolicy
+from kvkeeper.server.ledger.policy import COLD, FREQ, QUEUE, Q1, Q2, S3FIFOPolicy
 
 RUN = S3FIFOPolicy.RUN
 
@@ -78,6 +78,26 @@ def test_a_cold_run_is_evicted_first_until_hit_and_its_continuation_is_cold(
     hit = [led.block(s.ns.id, k) for k in doc[:2]]
     assert all(not b.pq & COLD and b.pq & QUEUE == Q2 for b in hit)
     assert not set(doc[:2]) & set(order(led)[:RUN + 1])
+    led.check_invariants()
+
+
+def test_a_conversation_turn_under_the_leaf_it_read_back_is_filed_warm(
+        make_ledger, descriptor, key, store):
+    """The ledger files a WARM run (s3fifo admit_run) with a frequency of 1;
+    a message under a shared prefix that has other children is filed plain."""
+    led = make_ledger(8 * RUN, policy="s3fifo")
+    s = led.register_session("i", descriptor(), 0.0)
+    turn = keys(key, 0, 4)                  # a system prompt, a message, its answer
+    store(led, s.id, turn, 1.0)
+    assert led.match(s.id, turn, lease=False, now=2.0).matched == 4   # the next turn reads it
+    nxt = keys(key, 100, 2)
+    r = led.reserve(s.id, nxt, 2.0, parent=turn[-1])
+    led.commit(s.id, r.reservation_id, 2.0)
+    assert all(b.pq & FREQ == 1 and b.pq & QUEUE == Q1 for b in r.blocks)
+    other = keys(key, 200, 2)               # another message under the same turn: not warm
+    r = led.reserve(s.id, other, 3.0, parent=turn[-1])
+    led.commit(s.id, r.reservation_id, 3.0)
+    assert all(b.pq & FREQ == 0 for b in r.blocks)
     led.check_invariants()
 
 

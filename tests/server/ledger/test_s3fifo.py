@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 
 from policy_helpers import Blk, drain
 from kvkeeper.server.ledger.chains import GONE
-from kvkeeper.server.ledger.policy import (ADMIT, COLD, COLD_RUN, REFUSE, HitsLRUPolicy,
-                                           LRUPolicy)
+from kvkeeper.server.ledger.policy import (ADMIT, COLD, COLD_RUN, FREQ, QUEUE, Q1, Q2, REFUSE,
+                                           WARM_RUN, HitsLRUPolicy, LRUPolicy)
 from kvkeeper.server.ledger.s3fifo import Ghost, S3FIFOPolicy
 
 
@@ -107,6 +107,39 @@ def test_s3fifo_admit_run_refuses_a_long_fresh_run_only_when_it_would_evict():
     assert p.admit_run(doc, None, evicts=True) == ADMIT            # remembered: its ghosts
     assert p.admit_run([b"x"], GONE, evicts=True) == ADMIT         # filed stranded instead
     assert p.admit_run([b"y"], cold("p"), evicts=False) == COLD_RUN
-    assert p.admit_run([b"z"], Blk("p"), evicts=True) == ADMIT
+    assert p.admit_run([b"z"], Blk("p"), evicts=True) == ADMIT     # never hit: not warm
     for other in (LRUPolicy(), HitsLRUPolicy()):
         assert other.admit_run(doc + [b"n"], GONE, evicts=True) == ADMIT
+
+
+def test_s3fifo_a_run_under_a_leaf_read_once_is_warm_and_probation_keeps_it():
+    """A conversation's next turn hangs under the leaf it just read back
+    (hits 1, no cached child): WARM. A shared prefix (it has a child) or a
+    document read again (hits 2) is not; nor is a long fresh run (cold)."""
+    p = S3FIFOPolicy()
+    leaf = Blk("turn", hits=1)
+    assert p.admit_run([b"m0", b"m1"], leaf, evicts=True) == WARM_RUN
+    shared = Blk("system", hits=1)
+    shared.child = Blk("other message")
+    assert p.admit_run([b"m2"], shared, evicts=True) == ADMIT
+    assert p.admit_run([b"m3"], Blk("doc", hits=2), evicts=True) == ADMIT
+    long_run = [b"l%d" % i for i in range(S3FIFOPolicy.RUN + 1)]
+    assert p.admit_run(long_run, leaf, evicts=True) == REFUSE
+    for other in (LRUPolicy(), HitsLRUPolicy()):
+        assert other.admit_run([b"m4"], leaf, evicts=True) == ADMIT
+    # Filed warm (the ledger sets a frequency of 1): probation hands it to
+    # main where an unhit block of the same age is let go.
+    warm, plain = Blk("warm"), Blk("plain")
+    warm.pq |= 1
+    mains = [Blk(f"main{i}") for i in range(10)]
+    for b in mains:
+        b.pq = Q2        # already in main (as after a ghost hit)
+    q = S3FIFOPolicy()
+    for b in [plain, warm] + mains:
+        q.add(b)
+    assert warm.pq & QUEUE == Q1 and warm.pq & FREQ == 1 and plain.pq & FREQ == 0
+    assert q.pop() is plain
+    assert warm.pq & QUEUE == Q1
+    while (b := q.pop()) is not warm:
+        assert b in mains
+    assert b"plain" in q.ghost and b"warm" not in q.ghost
