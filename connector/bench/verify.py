@@ -106,15 +106,21 @@ class SavedProbe:
         self.client: Any = None
         self.peers: Any = None
 
-    def stored(self, report: Dict[str, Any], tokens: Sequence[int]) -> Tuple[int, int]:
-        """(blocks of `tokens` the daemon holds, full blocks of `tokens`)."""
-        info = report["kvkeeper"]
+    def _session(self, info: Dict[str, Any]) -> Any:
+        """The probe's client, connected on first use to the namespace of an
+        engine's report (`info`: its "kvkeeper" part)."""
         if self.client is None:
             self.client = Client.connect(self.url, info["namespace"],
                                          instance_id=self.instance_id, timeout=5.0)
+        return self.client
+
+    def stored(self, report: Dict[str, Any], tokens: Sequence[int]) -> Tuple[int, int]:
+        """(blocks of `tokens` the daemon holds, full blocks of `tokens`)."""
+        info = report["kvkeeper"]
+        client = self._session(info)
         keys = chain_keys(bytes.fromhex(info["seed"]), list(tokens), int(info["block_tokens"]))
         # report_use: a probe, not a lookup or hit of the daemon's counters.
-        return self.client.match(keys, report_use=True).matched, len(keys)
+        return client.match(keys, report_use=True).matched, len(keys)
 
     def wait_saved(self, saved: Sequence[Tuple[Dict[str, Any], List[int]]],
                    timeout: float = 60.0) -> None:
@@ -140,13 +146,13 @@ class SavedProbe:
         from kvkeeper.client.peer_wire import peer_socket_path
 
         info = res["params"]["kvkeeper"]
-        self.stored(res["params"], tokens)    # connects self.client (a session)
+        session_id = self._session(info).session_id
         keys = chain_keys(bytes.fromhex(info["seed"]), list(tokens), int(info["block_tokens"]))
         if self.peers is None:
             self.peers = PeerClient(peer_socket_path(self.url.removeprefix("unix://")))
         deadline = time.monotonic() + timeout
         while True:
-            got = self.peers.match(self.client.session_id, self.instance_id, keys).matched
+            got = self.peers.match(session_id, self.instance_id, keys).matched
             if got >= len(keys):
                 return
             if time.monotonic() > deadline:
