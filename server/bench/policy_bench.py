@@ -23,6 +23,12 @@ trace, so each ratio is the policy's share of the reachable hit ratio. The
 default policy's results carry the issue's target (>= 0.8 of the optimum),
 and one result per point compares it with lru (target >= 1.0).
 
+Each result also says what share of the cache held dead blocks (no later
+lookup reads them; sampled through the replay), and one informational result
+per point replays the default policy driven by a client told which blocks
+are read again (policy_liveness.py): how much of the gap to the optimum is
+holding the dead, and how much the timing of the next reads.
+
 --quick: 400 requests per mix (seconds); default: 2000 per mix (~1-2 min).
 """
 from __future__ import annotations
@@ -35,6 +41,7 @@ from ..ids import HOST
 from ..ledger import Ledger, LedgerConfig, NamespaceDescriptor, TierSpec
 from ..ledger.chains import stranded
 from ..ledger.policy import DEFAULT_POLICY, POLICIES
+from .policy_liveness import DeadShare, last_lookups, live_prefix
 from .policy_optimum import optimum_hits
 from .policy_trace import MIXES, Request, generate, read_trace, reread_working_set
 from .registry import BenchUsageError
@@ -44,23 +51,34 @@ BLOCK_BYTES = 4096
 CHUNK = 64
 POINTS = (0.10, 0.20, 0.33)
 QUICK_REQUESTS = 400
+# Samples of the cache's dead share per replay (policy_liveness.DeadShare).
+SAMPLES = 100
 
 
 class Replay:
     """What one policy did with one trace at one capacity."""
 
     def __init__(self, hits: int, asked: int, dropped: int, stranded: int, seconds: float,
-                 refused: int = 0) -> None:
+                 refused: int = 0, dead_share: float = 0.0) -> None:
         self.hits, self.asked, self.dropped = hits, asked, dropped
         self.stranded, self.seconds, self.refused = stranded, seconds, refused
+        self.dead_share = dead_share
 
     @property
     def ratio(self) -> float:
         return self.hits / self.asked if self.asked else 0.0
 
 
-def replay(requests: Sequence[Request], capacity: int, policy: str) -> Replay:
-    """Drive a Ledger of `capacity` blocks with `requests` (see the module docstring)."""
+def replay(requests: Sequence[Request], capacity: int, policy: str, *,
+           told: bool = False, last: Optional[dict[bytes, int]] = None) -> Replay:
+    """Drive a Ledger of `capacity` blocks with `requests` (see the module
+    docstring). `told`: the client knows which blocks are read again
+    (policy_liveness: it saves only the live part of each chain and discards
+    the leased blocks nobody reads again). The dead share of the cache is
+    sampled SAMPLES times through the replay (`last`: last_lookups of the
+    trace, computed here when not given)."""
+    if last is None:
+        last = last_lookups(requests)
     key_bytes = len(requests[0].keys[0])
     longest = max(r.prompt_blocks for r in requests)
     led = Ledger(LedgerConfig(tiers=[TierSpec(HOST, capacity * BLOCK_BYTES, BLOCK_BYTES)],
@@ -69,6 +87,9 @@ def replay(requests: Sequence[Request], capacity: int, policy: str) -> Replay:
                               lease_ttl_s=1e12, reservation_timeout_s=1e12))
     sid = led.register_session("bench", NamespaceDescriptor(
         model_id="bench", block_tokens=16, block_bytes=BLOCK_BYTES), 0.0).id
+    blocks = led.session(sid, 0.0).ns.blocks
+    dead = DeadShare(last)
+    every = max(1, len(requests) // SAMPLES)
     hits = asked = dropped = 0
     t0 = time.perf_counter()
     for t, r in enumerate(requests):
@@ -79,7 +100,11 @@ def replay(requests: Sequence[Request], capacity: int, policy: str) -> Replay:
         hits += h
         asked += r.prompt_blocks
         lease = m.lease_id
-        parent = keys[h - 1] if h else b""
+        discard: list[int] = []
+        if told:
+            keys = keys[:live_prefix(keys, last, t)]   # the rest: nobody reads it again
+            discard = list(range(min(h, len(keys)), h))
+        parent = r.keys[h - 1] if h else b""
         for start in range(h, len(keys), CHUNK):
             chunk = keys[start:start + CHUNK]
             try:
@@ -88,17 +113,19 @@ def replay(requests: Sequence[Request], capacity: int, policy: str) -> Replay:
                 dropped += len(keys) - start
                 break
             if lease is not None:    # released before the first save commits
-                led.release(sid, lease, now)
+                led.release(sid, lease, now, discard_indices=discard)
                 lease = None
             if res.reservation_id is not None:
                 led.commit(sid, res.reservation_id, now)
             parent = chunk[-1]
         if lease is not None:
-            led.release(sid, lease, now)
+            led.release(sid, lease, now, discard_indices=discard)
+        if t % every == every - 1:
+            dead.sample(blocks, t)
     seconds = time.perf_counter() - t0
     left = sum(1 for ns in led.namespaces.values() for b in ns.blocks.values() if stranded(b))
     led.check_invariants()
-    return Replay(hits, asked, dropped, left, seconds, led.top.admission_refused)
+    return Replay(hits, asked, dropped, left, seconds, led.top.admission_refused, dead.share)
 
 
 def run(quick: bool = False, *, log: Callable[[str], None] = lambda s: None,
@@ -120,6 +147,7 @@ def run(quick: bool = False, *, log: Callable[[str], None] = lambda s: None,
     results: list[Result] = []
     for mix, reqs in traces.items():
         ws = reread_working_set(reqs)
+        last = last_lookups(reqs)
         log(f"policy: {mix}: {len(reqs)} requests, {sum(r.prompt_blocks for r in reqs)} "
             f"looked-up blocks, re-read working set {ws} blocks")
         for point in POINTS:
@@ -128,9 +156,13 @@ def run(quick: bool = False, *, log: Callable[[str], None] = lambda s: None,
             opt = opt_hits / asked if asked else 0.0
             got: dict[str, Replay] = {}
             for name in names:
-                got[name] = rp = replay(reqs, cap, name)
+                got[name] = rp = replay(reqs, cap, name, last=last)
                 log(f"policy: {mix} {point:.0%} ({cap} blocks) {name}: {rp.ratio:.3f} "
-                    f"(optimum {opt:.3f}) in {rp.seconds:.1f}s")
+                    f"(optimum {opt:.3f}; dead share of the cache {rp.dead_share:.2f}) "
+                    f"in {rp.seconds:.1f}s")
+            told = replay(reqs, cap, DEFAULT_POLICY, told=True, last=last)
+            log(f"policy: {mix} {point:.0%} {DEFAULT_POLICY}, told what is read again: "
+                f"{told.ratio:.3f} (dead share {told.dead_share:.2f})")
             label = f"{mix}.{round(point * 100)}pct"
             params = {"mix": mix, "capacity_blocks": cap, "capacity_of_working_set": point,
                       "working_set_blocks": ws, "requests": len(reqs), "looked_up_blocks": asked,
@@ -146,8 +178,19 @@ def run(quick: bool = False, *, log: Callable[[str], None] = lambda s: None,
                             "dropped_saves_blocks": rp.dropped,
                             "not_admitted_blocks": rp.refused,
                             "stranded_blocks_left": rp.stranded,
+                            "dead_share_of_cache": round(rp.dead_share, 4),
                             "replay_seconds": round(rp.seconds, 2)},
                     note="block hit ratio through the real Ledger; ratio = share of the optimum"))
+            results.append(Result(
+                name=f"policy.told.{label}.{DEFAULT_POLICY}", value=told.ratio, unit="ratio",
+                baseline_name="offline optimum (Belady over blocks, bypass)",
+                baseline_value=opt, better="higher",
+                params={**params, "policy": DEFAULT_POLICY,
+                        "dead_share_of_cache": round(told.dead_share, 4),
+                        "untold_ratio": got[DEFAULT_POLICY].ratio if DEFAULT_POLICY in got else None},
+                note="analysis, not a policy: the default policy driven by a client that knows "
+                     "which blocks are read again (policy_liveness.py); the rest of the gap to "
+                     "the optimum is when they are read"))
             if DEFAULT_POLICY in got and "lru" in got:
                 results.append(Result(
                     name=f"policy.default_vs_lru.{label}", value=got[DEFAULT_POLICY].ratio,

@@ -216,6 +216,7 @@ def test_policy_quick(capsys: pytest.CaptureFixture[str]) -> None:
     labels = [f"{m}.{round(p * 100)}pct" for m in MIXES for p in policy_bench.POINTS]
     expect = {f"policy.hit_ratio.{lb}.{p}" for lb in labels for p in POLICIES}
     expect |= {f"policy.default_vs_lru.{lb}" for lb in labels}
+    expect |= {f"policy.told.{lb}.{DEFAULT_POLICY}" for lb in labels}
     check_shape(items, "policy", expect)
     by = {r["name"]: r for r in items}
     for lb in labels:
@@ -224,6 +225,12 @@ def test_policy_quick(capsys: pytest.CaptureFixture[str]) -> None:
             assert 0 < r["value"] <= r["baseline_value"] + 1e-9 <= 1 + 1e-9   # never above optimum
             assert (r["target"] is not None) == (p == DEFAULT_POLICY)
             assert r["params"]["stranded_blocks_left"] == 0
+            assert 0 <= r["params"]["dead_share_of_cache"] <= 1
+        # The told replay is analysis (no target), never above the optimum, and
+        # holds no block that nobody reads again.
+        told = by[f"policy.told.{lb}.{DEFAULT_POLICY}"]
+        assert told["target"] is None and told["value"] <= told["baseline_value"] + 1e-9
+        assert told["params"]["dead_share_of_cache"] == 0
 
 
 def test_policy_replays_a_recorded_trace(capsys: pytest.CaptureFixture[str],
