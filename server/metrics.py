@@ -123,6 +123,9 @@ class LedgerCollector:
               "tier a long run of blocks nobody saved lately that would have evicted (a one-off "
               "document; ReserveSave answers SLOT_NOT_ADMITTED), on the disk tier a copy never "
               "hit above bound for a full disk, the first time it came.", labels=tier),
+            c(p + "last_turn_blocks", "Blocks a conversation's last turn read, put first in "
+              "line for eviction when released (Release with last_turn; a hit undoes it).",
+              labels=tier),
             g(p + "tier_capacity_bytes", "Capacity of the tier.", labels=tier),
             g(p + "tier_used_bytes", "Bytes of the tier's pages held by blocks.", labels=tier),
             g(p + "tier_pinned_bytes",
@@ -187,6 +190,7 @@ class LedgerCollector:
             for reason in EVICTION_REASONS:
                 fam("evictions").add_metric([name, reason], t.evictions[reason])
             fam("admission_refused").add_metric([name], t.admission_refused)
+            fam("last_turn_blocks").add_metric([name], t.last_turn_demoted)
             fam("tier_capacity_bytes").add_metric([name], t.capacity_bytes)
             fam("tier_used_bytes").add_metric([name], t.used_bytes)
             fam("tier_pinned_bytes").add_metric([name], t.pinned_bytes)

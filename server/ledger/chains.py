@@ -188,6 +188,14 @@ class ChainPolicy(EvictionPolicy):
         else:
             raise ValueError("node is not held by this policy")
 
+    def demote(self, block: Any) -> None:
+        """inner's demotion of a block in its order; a parked block has cached
+        children, which go first anyway, and a due or stray one goes next."""
+        if block.pq & PLACE == INNER:
+            self.inner.demote(block)
+        elif not block.pq & PLACE:
+            raise ValueError("node is not held by this policy")
+
     def hit_all(self, blocks: Sequence[Any]) -> None:
         if not self.parked and not self.due and not self.stray:   # all inner's: one pass
             self.inner.hit_all(blocks)

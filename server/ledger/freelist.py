@@ -64,6 +64,16 @@ class FreeList:
         node.next = self._tail
         self._tail.prev = node
 
+    def move_to_front(self, node: Any) -> None:
+        """remove(node), then link it at the front: popleft's next (a demotion)."""
+        self.remove(node)
+        first = self._head.next
+        self._head.next = node
+        node.prev = self._head
+        node.next = first
+        first.prev = node
+        self._size += 1
+
     def move_all_to_back(self, nodes: Sequence[Any]) -> None:
         """move_to_back(n) for each of `nodes` in order, in one pass: a lookup's
         run of hits. Raises ValueError, changing nothing, if one is not linked."""

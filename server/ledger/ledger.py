@@ -282,9 +282,12 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
 
     def release(self, sid: SessionId, lease_id: int, now: float, *, discard: bool = False,
                 discard_indices: Sequence[int] = (),
-                report: Optional[LookupReport] = None, owner: Identity = LOCAL) -> int:
+                report: Optional[LookupReport] = None, owner: Identity = LOCAL,
+                last_turn: bool = False) -> int:
         """Drop a lease. Blocks to discard (all with `discard`, or those at
         `discard_indices`) are reclaimed at once when no other lease holds them.
+        `last_turn`: the lookup was a conversation's last turn, so the blocks
+        it read are demoted (books.demote) as they become evictable.
 
         `report`: what the lookup of a report_use Match was used for, counted
         now; lease_id 0 reports a lookup that leased nothing. Returns how many
@@ -309,7 +312,7 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
             self.usage.reported(session.ns, report)
             self.usage.hits(session.ns, loaded, self.top, len(self.tiers) == 1,
                             lease.below, first=report.local_blocks)
-        self._release(lease, discard=drop, now=now)
+        self._release(lease, discard=drop, now=now, demote=last_turn)
         self.renew(session, now)
         return len(loaded)
 
@@ -370,9 +373,12 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
                 "session's; release each lease exactly once, through its own session")
         raise NotFound(f"unknown lease {lease_id}; leases come from Match with lease=true")
 
-    def _release(self, lease: Lease, *, discard: Iterable[Block], now: float) -> None:
+    def _release(self, lease: Lease, *, discard: Iterable[Block], now: float,
+                 demote: bool = False) -> None:
         for b in reversed(lease.blocks):  # tail first, as in match()
             books.unpin(b, now)
+            if demote:
+                books.demote(b)
         for b in discard:
             if b.refs == 0 and b.state is S.COMMITTED:
                 books.reclaim(b, "discarded")

@@ -48,6 +48,13 @@ class EvictionPolicy(ABC):
         """Unlink and return the next victim, or None."""
 
     @abstractmethod
+    def demote(self, block: Any) -> None:
+        """`block`, evictable, will not be read again soon (its client said a
+        conversation's last turn read it): evict it before the blocks nobody
+        said that of, unless it is hit again first. A hit undoes it, so a
+        shared prefix that another request reads keeps its place."""
+
+    @abstractmethod
     def __len__(self) -> int: ...
 
     @abstractmethod
@@ -97,6 +104,9 @@ class LRUPolicy(EvictionPolicy):
 
     def pop(self) -> Any:
         return self._list.popleft()
+
+    def demote(self, block: Any) -> None:
+        self._list.move_to_front(block)
 
     def __len__(self) -> int:
         return len(self._list)
@@ -154,6 +164,13 @@ class HitsLRUPolicy(EvictionPolicy):
     def pop(self) -> Any:
         b = self._probation.popleft()
         return self._protected.popleft() if b is None else b
+
+    def demote(self, block: Any) -> None:
+        if block.pq & QUEUE == Q2:
+            self._protected.remove(block)
+            block.pq = (block.pq & ~QUEUE) | Q1
+            self._probation.append(block)
+        self._probation.move_to_front(block)
 
     def __len__(self) -> int:
         return len(self._probation) + len(self._protected)

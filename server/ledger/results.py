@@ -68,6 +68,8 @@ class TierStats:
     used_pages: int = 0
     # New blocks the tier's admission turned away (cold runs, cold disk copies).
     admission_refused: int = 0
+    # Blocks a conversation's last turn demoted on release (page tiers).
+    last_turn_demoted: int = 0
 
     @property
     def pinned_bytes(self) -> int:

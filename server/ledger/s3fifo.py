@@ -224,6 +224,13 @@ class S3FIFOPolicy(EvictionPolicy):
             self.main_ghost.put(self._key(b))
             return b
 
+    def demote(self, block: Any) -> None:
+        """Into C, the cold FIFO evicted before anything else (a hit moves it
+        to main, as it does a cold run's block), with no frequency left."""
+        self._list(block).remove(block)
+        block.pq = (block.pq & ~(QUEUE | FREQ)) | SMALL | COLD
+        self._cold.append(block)
+
     def admits(self, node: Any, key: Any, hits: int) -> bool:
         if hits or self.ghost.take(key):
             return True

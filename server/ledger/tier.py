@@ -46,6 +46,7 @@ class Tier:
         # Where its blocks' stored / removed events go (events.TierEvents), if anywhere.
         self.events: Any = None
         self.admission_refused = 0    # new blocks its policy's admit_run refused
+        self.last_turn_demoted = 0    # blocks a last turn's release demoted (books.demote)
 
     @property
     def capacity_pages(self) -> int:

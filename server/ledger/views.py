@@ -33,7 +33,8 @@ def page_tier_stats(t: Tier) -> TierStats:
         evictable_bytes=t.evictable_pages * pb, blocks=t.blocks, pending_blocks=t.pending_blocks,
         evictions=_evictions(t.evictions), hit_blocks=t.hit_blocks, hit_tokens=t.hit_tokens,
         saved_blocks=t.committed_blocks, saved_bytes=t.committed_bytes, page_bytes=pb,
-        capacity_pages=cap, used_pages=used, admission_refused=t.admission_refused)
+        capacity_pages=cap, used_pages=used, admission_refused=t.admission_refused,
+        last_turn_demoted=t.last_turn_demoted)
 
 
 def byte_tier_stats(led: "Ledger", name: TierName, book: DiskIndex) -> TierStats:

@@ -33,7 +33,7 @@ LEDGER_METRICS = {
     "kvkeeper_prompt_blocks_total", "kvkeeper_prompt_tokens_total",
     "kvkeeper_hit_blocks_total", "kvkeeper_hit_tokens_total",
     "kvkeeper_saved_blocks_total", "kvkeeper_saved_bytes_total", "kvkeeper_evictions_total",
-    "kvkeeper_admission_refused_total",
+    "kvkeeper_admission_refused_total", "kvkeeper_last_turn_blocks_total",
     "kvkeeper_tier_capacity_bytes", "kvkeeper_tier_used_bytes", "kvkeeper_tier_pinned_bytes",
     "kvkeeper_tier_evictable_bytes", "kvkeeper_tier_page_size_bytes",
     "kvkeeper_tier_capacity_pages", "kvkeeper_tier_used_pages", "kvkeeper_tier_blocks",
@@ -450,4 +450,19 @@ def test_admission_refusals_are_counted_per_tier():
     assert val(v, "kvkeeper_admission_refused_total", tier="host") == 20
     assert val(v, "kvkeeper_admission_refused_total", tier="disk") == 1
     assert val(v, "kvkeeper_evictions_total", tier="host", reason="capacity") == 0
+    L.check_invariants()
+
+
+def test_a_last_turns_release_counts_the_blocks_it_demoted():
+    """Release(last_turn) demotes the lease's blocks nobody else pins: counted
+    on the tier that holds them; the blocks another lease pins are not."""
+    m, L = make()
+    s = L.register_session("vllm-0", NS, 1.0).id
+    L.commit(s, L.reserve(s, [key(i) for i in range(4)], 1.0).reservation_id, 1.0)
+    other = L.match(s, [key(0), key(1)], lease=True, now=2.0).lease_id
+    last = L.match(s, [key(i) for i in range(4)], lease=True, now=2.0).lease_id
+    L.release(s, last, 3.0, last_turn=True)
+    assert val(m, "kvkeeper_last_turn_blocks_total", tier="host") == 2
+    L.release(s, other, 3.0)
+    assert val(m, "kvkeeper_last_turn_blocks_total", tier="host") == 2
     L.check_invariants()

@@ -98,6 +98,23 @@ def test_move_to_back_relinks_in_one_step(victim):
     check_links(fl)
 
 
+@pytest.mark.parametrize("victim", ["a", "b", "c"])
+def test_move_to_front_makes_it_the_next_popleft(victim):
+    fl = FreeList()
+    nodes = {n: Node(n) for n in "abc"}
+    for n in nodes.values():
+        fl.append(n)
+    fl.move_to_front(nodes[victim])
+    assert names(fl) == [victim] + [n for n in "abc" if n != victim]
+    assert len(fl) == 3
+    check_links(fl)
+    assert fl.popleft() is nodes[victim]
+    with pytest.raises(ValueError):
+        fl.move_to_front(nodes[victim])      # not linked any more: changes nothing
+    assert len(fl) == 2
+    check_links(fl)
+
+
 @settings(max_examples=150, deadline=None)
 @given(size=st.integers(1, 8), moves=st.lists(st.integers(0, 7), max_size=12))
 def test_move_all_to_back_equals_one_move_to_back_per_node(size, moves):

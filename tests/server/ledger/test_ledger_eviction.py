@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvkeeper.server.errors import InvalidArgument, ResourceExhausted
+from kvkeeper.server.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from kvkeeper.server.ids import GPU, HOST
 from kvkeeper.server.ledger import BlockState, Ledger, LedgerConfig, SlotStatus, TierSpec
 
@@ -296,3 +296,42 @@ def test_a_match_leaves_its_chain_most_recent_head_last_leased_blocks_aside(
     assert [led.block(s.ns.id, k).hits for k in ks] == [0, 1, 1, 2, 1, 0]
     assert [led.block(s.ns.id, k).last_used for k in ks[1:5]] == [8.0] * 4
     led.check_invariants()
+
+
+# ---------------------------------------------------------------- a last turn's release
+def test_a_last_turns_blocks_are_evicted_first_unless_read_again(make_ledger, descriptor, key,
+                                                                   store, policy):
+    """Release(last_turn): the chain the turn read goes to the front of the
+    order (tail first, as chains go), before blocks saved long before it; a
+    block another lease pins keeps its place; a block read again is not
+    demoted any more."""
+    led = make_ledger(8)
+    s = led.register_session("i", descriptor(), 0.0)
+    old = [key(100 + i) for i in range(4)]
+    conv = [key(i) for i in range(4)]
+    fill(led, s.id, old, store)
+    store(led, s.id, conv, 5.0)
+    other = led.match(s.id, conv[:1], lease=True, now=6.0).lease_id   # a shared first block
+    last = led.match(s.id, conv, lease=True, now=6.0).lease_id
+    led.release(s.id, last, 7.0, last_turn=True)
+    order = [b.key for b in led.top.policy]
+    assert order[:3] == [conv[3], conv[2], conv[1]] and led.top.last_turn_demoted == 3
+    led.release(s.id, other, 7.0)
+    assert led.match(s.id, conv[:2], lease=False, now=8.0).matched == 2   # read again
+    store(led, s.id, [key(200)], 9.0)       # room for one: the demoted tail goes
+    assert led.block(s.ns.id, conv[3]) is None
+    assert all(led.block(s.ns.id, k) is not None for k in old + conv[:3])
+    led.check_invariants()
+
+
+def test_a_last_turn_flag_on_a_lease_that_is_gone_changes_nothing(make_ledger, descriptor, key,
+                                                                   store, snapshot):
+    led = make_ledger(8)
+    s = led.register_session("i", descriptor(), 0.0)
+    store(led, s.id, [key(0)])
+    lid = led.match(s.id, [key(0)], lease=True, now=1.0).lease_id
+    led.release(s.id, lid, 1.0)
+    before = snapshot(led)
+    with pytest.raises(FailedPrecondition):
+        led.release(s.id, lid, 1.0, last_turn=True)
+    assert snapshot(led) == before and led.top.last_turn_demoted == 0

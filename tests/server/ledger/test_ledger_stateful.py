@@ -269,8 +269,8 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.leases or self.old_leases)
     @rule(data=st.data(), discard=st.sampled_from(["keep", "all", "some"]),
-          foreign=st.booleans())
-    def release(self, data, discard, foreign):
+          foreign=st.booleans(), last_turn=st.booleans())
+    def release(self, data, discard, foreign, last_turn):
         if self.leases and (not self.old_leases or data.draw(st.integers(0, 4), label="live?")):
             lid = data.draw(st.sampled_from(sorted(self.leases)), label="lid")
         else:
@@ -286,7 +286,8 @@ class LedgerMachine(RuleBasedStateMachine):
         if err is None and any(not 0 <= i < len(self.leases[lid][2]) for i in indices):
             err = InvalidArgument                # the lease stays held
         call = lambda: self.led.release(sid, lid, self.now, discard=discard == "all",  # noqa: E731
-                                        discard_indices=indices, owner=self.who)
+                                        discard_indices=indices, owner=self.who,
+                                        last_turn=last_turn)
         if err:
             with pytest.raises(err):
                 call()
@@ -298,6 +299,8 @@ class LedgerMachine(RuleBasedStateMachine):
         dropped = keys if discard == "all" else [keys[i] for i in indices]
         if dropped:
             event("release: discarded")
+        if last_turn:
+            event("release: a last turn (demoted)")
         still = self.leased()
         for k in dropped:
             if still[(n, k)] == 0:

@@ -35,7 +35,8 @@ def test_make_policy_unknown_name_lists_the_choices(name):
 
 # ------------------------------------------------------------------ the contract
 # add-cold: a block of a run admit_run called cold, as the ledger files it.
-OPS = st.lists(st.tuples(st.sampled_from(["add", "add", "add-cold", "remove", "hit", "hit", "pop"]),
+OPS = st.lists(st.tuples(st.sampled_from(["add", "add", "add-cold", "remove", "hit", "hit", "pop",
+                                          "demote"]),
                          st.integers(0, 11)), max_size=120)
 
 
@@ -62,6 +63,8 @@ def test_iteration_is_the_pop_order_and_holds_exactly_the_evictable(name, ops):
             before = b.hits
             p.hit(b)
             assert b.hits == before + 1
+        elif op == "demote" and i in held:
+            p.demote(b)
         elif op == "pop":
             listed = list(p)
             got = p.pop()
@@ -93,6 +96,36 @@ def test_hit_all_equals_one_hit_per_block(name, hits):
         batch.hit_all([b[i] for i in run])
         assert [(x.name, x.hits) for x in batch] == [(x.name, x.hits) for x in one]
     assert drain(batch) == drain(one)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@settings(max_examples=80, deadline=None)
+@given(hits=st.lists(st.integers(0, 7), max_size=12), demoted=st.integers(0, 7))
+def test_a_demoted_block_goes_before_every_block_not_demoted(name, hits, demoted):
+    """Whatever was hit before: demote(b) puts b ahead of every block that was
+    neither demoted nor filed cold; a hit after it undoes that."""
+    p = make_policy(name)
+    blocks = [Blk(str(i)) for i in range(8)]
+    for b in blocks:
+        p.add(b)
+    for i in hits:
+        p.hit(blocks[i])
+    p.demote(blocks[demoted])
+    assert list(p)[0] is blocks[demoted] and p.pop() is blocks[demoted]
+    p.add(blocks[demoted])      # back, as a released block comes back: new to the order
+    p.demote(blocks[demoted])
+    p.hit(blocks[demoted])
+    assert list(p)[0] is not blocks[demoted]
+    assert sorted(drain(p), key=int) == [str(i) for i in range(8)]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_demote_of_a_block_not_held_raises(name):
+    p = make_policy(name)
+    p.add(Blk("a"))
+    with pytest.raises(ValueError):
+        p.demote(Blk("x"))
+    assert len(p) == 1 and drain(p) == ["a"]
 
 
 @pytest.mark.parametrize("name", NAMES)
