@@ -87,32 +87,29 @@ def test_remove_relinks_only_the_neighbours():
 
 
 @pytest.mark.parametrize("victim", ["a", "b", "c"])
-def test_move_to_back_relinks_in_one_step(victim):
+@pytest.mark.parametrize("move", ["move_to_back", "move_to_front"])
+def test_a_move_relinks_in_one_step(victim, move):
     fl = FreeList()
     nodes = {n: Node(n) for n in "abc"}
     for n in nodes.values():
         fl.append(n)
-    fl.move_to_back(nodes[victim])
-    assert names(fl) == [n for n in "abc" if n != victim] + [victim]
+    getattr(fl, move)(nodes[victim])
+    rest = [n for n in "abc" if n != victim]
+    assert names(fl) == (rest + [victim] if move == "move_to_back" else [victim] + rest)
     assert len(fl) == 3
     check_links(fl)
 
 
-@pytest.mark.parametrize("victim", ["a", "b", "c"])
-def test_move_to_front_makes_it_the_next_popleft(victim):
-    fl = FreeList()
-    nodes = {n: Node(n) for n in "abc"}
-    for n in nodes.values():
-        fl.append(n)
-    fl.move_to_front(nodes[victim])
-    assert names(fl) == [victim] + [n for n in "abc" if n != victim]
-    assert len(fl) == 3
-    check_links(fl)
-    assert fl.popleft() is nodes[victim]
+def test_move_to_front_makes_it_the_next_popleft_and_an_unlinked_node_raises():
+    fl, nodes = linked("abc")
+    fl.move_to_front(nodes[2])
+    assert fl.popleft() is nodes[2]
     with pytest.raises(ValueError):
-        fl.move_to_front(nodes[victim])      # not linked any more: changes nothing
-    assert len(fl) == 2
+        fl.move_to_front(nodes[2])      # not linked any more: changes nothing
+    assert names(fl) == ["a", "b"] and len(fl) == 2
     check_links(fl)
+
+
 
 
 @settings(max_examples=150, deadline=None)
