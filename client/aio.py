@@ -279,13 +279,17 @@ class AsyncClient:
 
     async def release(self, lease_id: int, discard: bool = False,
                       discard_indices: Sequence[int] = (),
-                      report: Optional[Mapping[str, int]] = None) -> None:
+                      report: Optional[Mapping[str, int]] = None,
+                      last_turn: bool = False) -> None:
         """Unpin the lease's blocks. discard=True also drops every block of the
         lease nobody else references; discard_indices drops just those lease
         positions (e.g. ChecksumError.bad_indices). report: the fields of a
         LookupReport (prompt_tokens, prompt_blocks, local_blocks,
-        loaded_blocks) for a lookup made with report_use; lease_id may be 0."""
-        await self._leases.release(lease_id, discard, discard_indices, report)
+        loaded_blocks) for a lookup made with report_use; lease_id may be 0.
+        last_turn=True: the lookup was a conversation's last turn, so the
+        blocks nobody else holds go first in line for eviction (a hit by
+        another request takes them back)."""
+        await self._leases.release(lease_id, discard, discard_indices, report, last_turn)
 
     async def narrow(self, lease_id: int, start: int, count: int) -> None:
         """Unpin the lease's blocks outside positions [start, start + count); the

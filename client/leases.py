@@ -107,12 +107,14 @@ class Leases:
 
     async def release(self, lease_id: int, discard: bool = False,
                       discard_indices: Sequence[int] = (),
-                      report: Optional[Mapping[str, int]] = None) -> None:
+                      report: Optional[Mapping[str, int]] = None,
+                      last_turn: bool = False) -> None:
         """See AsyncClient.release."""
         def build(s: str) -> pb.ReleaseRequest:
             return pb.ReleaseRequest(session_id=s, lease_id=lease_id, discard=discard,
                                      discard_indices=list(discard_indices),
-                                     report=None if report is None else pb.LookupReport(**report))
+                                     report=None if report is None else pb.LookupReport(**report),
+                                     last_turn=last_turn)
 
         await self._session.unary("Release", build, retry=True, rebind=False)
 

@@ -339,12 +339,14 @@ class Client:
 
     def release(self, lease_id: int, discard: bool = False,
                 discard_indices: Sequence[int] = (),
-                report: Optional[Mapping[str, int]] = None) -> None:
+                report: Optional[Mapping[str, int]] = None, last_turn: bool = False) -> None:
         req = pb.ReleaseRequest(session_id=self.session_id, lease_id=lease_id, discard=discard,
                                 discard_indices=list(discard_indices),
-                                report=None if report is None else pb.LookupReport(**report))
+                                report=None if report is None else pb.LookupReport(**report),
+                                last_turn=last_turn)
         if not self._release_here(req):
-            self._submit(self._aclient.release(lease_id, discard, discard_indices, report))
+            self._submit(self._aclient.release(lease_id, discard, discard_indices, report,
+                                               last_turn))
 
     def narrow(self, lease_id: int, start: int, count: int) -> None:
         req = pb.ReleaseRequest(session_id=self.session_id, lease_id=lease_id, keep_start=start,

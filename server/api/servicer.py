@@ -262,9 +262,10 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
     async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseResponse:
         sid, now, owner = SessionId(request.session_id), self.clock(), identity.of(context)
         if request.keep_blocks:
-            if request.discard or request.discard_indices or request.HasField("report"):
-                raise InvalidArgument("keep_blocks narrows a lease: send discards and the "
-                                      "report with the Release that ends it")
+            if (request.discard or request.discard_indices or request.HasField("report")
+                    or request.last_turn):
+                raise InvalidArgument("keep_blocks narrows a lease: send discards, last_turn "
+                                      "and the report with the Release that ends it")
             self.ledger.narrow(sid, request.lease_id, request.keep_start, request.keep_blocks, now,
                                owner)
             return pb.ReleaseResponse()
@@ -272,7 +273,7 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         lease = self.ledger.leases.get(LeaseId(request.lease_id))
         loaded = self.ledger.release(sid, request.lease_id, now, discard=request.discard,
                                      discard_indices=request.discard_indices, report=report,
-                                     owner=owner)
+                                     owner=owner, last_turn=request.last_turn)
         if loaded and lease is not None and lease.refs_out:
             self.metrics.observe_transfer("load", "shm", loaded * lease.session.ns.block_bytes,
                                           None)

@@ -5,12 +5,14 @@ import asyncio
 import os
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 
 from kvkeeper.client import (AsyncClient, ChecksumError, Client, FailedPreconditionError,
                              KVKeeperClientError)
 from kvkeeper.v1 import kvkeeper_pb2 as pb
+from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 
 BLOCK = 3 * 4096 + 100
 
@@ -233,5 +235,58 @@ async def test_report_use_narrow_and_report_through_the_client(daemon: Any) -> N
         assert (st.hit_tokens, st.lookup_tokens, st.prompt_tokens) == (3 * 32, 5 * 32, 210)
         assert not daemon.ledger.leases
         daemon.ledger.check_invariants()
+    finally:
+        await c.close()
+
+
+async def test_a_last_turns_release_through_both_clients(daemon: Any) -> None:
+    """release(last_turn=True), async and blocking: the daemon demotes the blocks
+    the lease held that nobody else pins, counts them, and serves them until
+    they are evicted; narrowing a lease cannot carry it."""
+    c = await AsyncClient.connect(f"unix://{daemon.socket_path}", ns())
+    try:
+        await c.save(keys(4), blocks(4))
+        m = await c.match(keys(4), lease=True)
+        await c.release(m.lease_id, last_turn=True)
+        assert daemon.ledger.top.last_turn_demoted == 4
+        order = [b.key for b in daemon.ledger.top.policy]
+        assert order[:4] == keys(4)[::-1]            # tail first, before anything else
+        m = await c.match(keys(4), lease=True)
+        assert m.matched == 4                        # demoted, not dropped: still served
+        await c.release(m.lease_id)
+        text = daemon.metrics.render().decode()
+        assert 'kvkeeper_last_turn_blocks_total{tier="host"} 4.0' in text
+    finally:
+        await c.close()
+    s = await asyncio.to_thread(Client.connect, f"unix://{daemon.socket_path}", ns())
+    try:
+        m = await asyncio.to_thread(s.match, keys(2, salt=1), True)
+        assert m.matched == 0
+        await asyncio.to_thread(s.save, keys(2, salt=1), blocks(2, seed=1))
+        m = await asyncio.to_thread(s.match, keys(2, salt=1), True)
+        await asyncio.to_thread(s.release, m.lease_id, False, (), None, True)
+        deadline = asyncio.get_running_loop().time() + 5
+        while daemon.ledger.top.last_turn_demoted < 6:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+    finally:
+        await asyncio.to_thread(s.close)
+    daemon.ledger.check_invariants()
+
+
+async def test_last_turn_with_keep_blocks_is_refused_and_keeps_the_lease(daemon: Any) -> None:
+    c = await AsyncClient.connect(f"unix://{daemon.socket_path}", ns())
+    try:
+        await c.save(keys(3), blocks(3))
+        m = await c.match(keys(3), lease=True)
+        async with grpc.aio.insecure_channel(f"unix://{daemon.socket_path}") as ch:
+            with pytest.raises(grpc.aio.AioRpcError) as info:   # a Release the client never sends
+                await pb_grpc.KVKeeperStub(ch).Release(pb.ReleaseRequest(
+                    session_id=c.session_id, lease_id=m.lease_id, keep_start=0, keep_blocks=1,
+                    last_turn=True))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "last_turn" in (info.value.details() or "")
+        assert len(daemon.ledger.leases) == 1 and daemon.ledger.top.last_turn_demoted == 0
+        await c.release(m.lease_id)
     finally:
         await c.close()

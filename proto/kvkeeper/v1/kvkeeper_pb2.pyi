@@ -329,7 +329,7 @@ class AbortSaveResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("session_id", "lease_id", "discard", "discard_indices", "keep_start", "keep_blocks", "report")
+    __slots__ = ("session_id", "lease_id", "discard", "discard_indices", "keep_start", "keep_blocks", "report", "last_turn")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     DISCARD_FIELD_NUMBER: _ClassVar[int]
@@ -337,6 +337,7 @@ class ReleaseRequest(_message.Message):
     KEEP_START_FIELD_NUMBER: _ClassVar[int]
     KEEP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIELD_NUMBER: _ClassVar[int]
+    LAST_TURN_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     lease_id: int
     discard: bool
@@ -344,7 +345,8 @@ class ReleaseRequest(_message.Message):
     keep_start: int
     keep_blocks: int
     report: LookupReport
-    def __init__(self, session_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., discard: _Optional[bool] = ..., discard_indices: _Optional[_Iterable[int]] = ..., keep_start: _Optional[int] = ..., keep_blocks: _Optional[int] = ..., report: _Optional[_Union[LookupReport, _Mapping]] = ...) -> None: ...
+    last_turn: bool
+    def __init__(self, session_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., discard: _Optional[bool] = ..., discard_indices: _Optional[_Iterable[int]] = ..., keep_start: _Optional[int] = ..., keep_blocks: _Optional[int] = ..., report: _Optional[_Union[LookupReport, _Mapping]] = ..., last_turn: _Optional[bool] = ...) -> None: ...
 
 class LookupReport(_message.Message):
     __slots__ = ("prompt_tokens", "prompt_blocks", "local_blocks", "loaded_blocks")
