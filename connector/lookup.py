@@ -45,6 +45,9 @@ class Lease:
     # Loaded from a same-host peer's cache instead (no daemon lease): its
     # segment and (block, generation) of each block from block 0.
     peer: Optional[Tuple[str, Tuple[Tuple[int, int], ...]]] = None
+    # The request said it is its conversation's last turn (sched_state.last_turn):
+    # released whole, with Release.last_turn.
+    last_turn: bool = False
 
     def peer_part(self, n: int) -> Optional[Tuple[str, Tuple[Tuple[int, int], ...]]]:
         """The peer's segment and its blocks of the n blocks loaded from `start`."""

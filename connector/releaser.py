@@ -43,15 +43,16 @@ class Releaser:
 
     def release(self, lease_id: Optional[int], discard: bool = False,
                 discard_indices: Sequence[int] = (),
-                report: Optional[Mapping[str, int]] = None) -> None:
-        """Queue Release(lease_id, discard, discard_indices, report); returns at
-        once. Without a lease, only a report is sent (a lookup that leased nothing)."""
+                report: Optional[Mapping[str, int]] = None, last_turn: bool = False) -> None:
+        """Queue Release(lease_id, discard, discard_indices, report, last_turn);
+        returns at once. Without a lease, only a report is sent (a lookup that
+        leased nothing)."""
         if not lease_id and report is None:
             return
         lid, indices = int(lease_id or 0), tuple(discard_indices)
         rep = None if report is None else dict(report)
         self._queue(lid, lambda c: c.release(lid, discard=discard, discard_indices=indices,
-                                             report=rep))
+                                             report=rep, last_turn=last_turn))
 
     def narrow(self, lease_id: Optional[int], start: int, count: int) -> None:
         """Queue the narrowing of a lease to positions [start, start + count),

@@ -1,6 +1,6 @@
 """Save plans: a SaveSpec for every full block a step computes that is not
 known to be in the daemon yet (prefill chunks and blocks filled by decoding;
-loaded blocks are there already)."""
+loaded blocks are there already), except a conversation's last turn's."""
 from __future__ import annotations
 
 import logging
@@ -22,7 +22,7 @@ def plan_saves(so: Any, reqs: Mapping[str, RequestState], ranks: int, bs: int,
     spec_tokens = getattr(so, "scheduled_spec_decode_tokens", None) or {}
     for req_id, scheduled in so.num_scheduled_tokens.items():
         st = reqs.get(req_id)
-        if st is None or not st.cacheable:
+        if st is None or not st.cacheable or st.last_turn:   # nobody reads a last turn again
             continue
         req = st.request
         before = req.num_computed_tokens   # not yet advanced by this step

@@ -2,13 +2,20 @@
 lookup in flight, and how far its blocks are known to be saved."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from .keys import KeyChain
 from .lookup import Lease, Lookup
 
-__all__ = ["RequestState", "request_seed_inputs"]
+__all__ = ["LAST_TURN", "RequestState", "last_turn", "request_seed_inputs"]
+
+# The key of a request's kv_transfer_params that says it is its
+# conversation's last turn (a client that knows no request continues it).
+LAST_TURN = "kvkeeper_last_turn"
+
+log = logging.getLogger("kvkeeper.connector")
 
 
 def request_seed_inputs(request: Any) -> Tuple[Optional[str], Optional[str], List[str]]:
@@ -29,11 +36,29 @@ def request_seed_inputs(request: Any) -> Tuple[Optional[str], Optional[str], Lis
     return salt, tag, mm
 
 
+def last_turn(request: Any) -> bool:
+    """Whether the request's kv_transfer_params say {"kvkeeper_last_turn": true}:
+    nobody reads its prompt's blocks again soon. Its blocks are not saved and
+    the daemon's copies of what it read are demoted (Release.last_turn). Any
+    value but a JSON boolean is ignored, with a warning: a client's typo
+    must not fail the request."""
+    params = getattr(request, "kv_transfer_params", None)
+    if not isinstance(params, dict) or LAST_TURN not in params:
+        return False
+    value = params[LAST_TURN]
+    if not isinstance(value, bool):
+        log.warning("kvkeeper: request %s: kv_transfer_params[%r] is %r, not true or false; "
+                    "ignored", getattr(request, "request_id", "?"), LAST_TURN, value)
+        return False
+    return value
+
+
 @dataclass
 class RequestState:
     request: Any
     chains: List[KeyChain]     # per TP rank
     cacheable: bool
+    last_turn: bool = False              # its conversation's last turn (last_turn())
     lease: Optional[Lease] = None
     lookup: Optional[Lookup] = None      # in flight, its answer not used yet
     saved_blocks: Optional[int] = None   # leading blocks stored or planned; None: unknown yet

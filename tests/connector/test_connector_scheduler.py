@@ -44,6 +44,7 @@ class FakeDaemon:
         self.reports: List[Tuple[int, Dict[str, int]]] = []   # (lease id or 0, report)
         self.narrowed: List[Tuple[int, int, int]] = []
         self.report_use: List[bool] = []
+        self.last_turns: List[int] = []       # leases released with last_turn
 
     def match(self, keys: Sequence[bytes], lease: bool = False, blocks: bool = False,
               report_use: bool = False):
@@ -63,7 +64,10 @@ class FakeDaemon:
         return MatchResult(n, [2] * n, lid, refs)
 
     def release(self, lease_id: int, discard: bool = False,
-                discard_indices: Sequence[int] = (), report: Optional[Dict[str, int]] = None) -> None:
+                discard_indices: Sequence[int] = (), report: Optional[Dict[str, int]] = None,
+                last_turn: bool = False) -> None:
+        if last_turn:
+            self.last_turns.append(lease_id)
         if report is not None:
             self.reports.append((lease_id, dict(report)))
         if not lease_id:
@@ -166,6 +170,7 @@ class Req:
         self.lora_request = kw.get("lora_request")
         self.mm_features: list = []
         self.prompt_embeds = kw.get("prompt_embeds")
+        self.kv_transfer_params = kw.get("kv_transfer_params")
 
     @property
     def num_tokens(self) -> int:
@@ -308,6 +313,54 @@ def test_abort_before_the_load_releases_the_lease() -> None:
     side.request_finished(r2)
     flush(side)
     assert d.leases == {} and side.held_leases() == 0
+
+
+def test_a_last_turn_saves_nothing_and_releases_what_it_read_whole_as_a_last_turn() -> None:
+    """kv_transfer_params {"kvkeeper_last_turn": true}: no save is planned, the
+    lease is not narrowed to the loaded part (vLLM's own hit is demoted in the
+    daemon too), and its release says last_turn."""
+    side, (d,), _ = make()
+    store(d, 0, TOKENS, 3)
+    r = Req("a", TOKENS + [5] * 10, kv_transfer_params={"kvkeeper_last_turn": True})
+    assert side.get_num_new_matched_tokens(r, 32) == (64, False)   # vLLM holds block 0
+    side.update_state_after_alloc(r, Blocks([40, 41, 42, 43, 44]), 64)
+    r.num_computed_tokens = 96
+    meta = side.build_connector_meta(output(a=42), lambda rid: [40, 41, 42, 43, 44])
+    (load,) = meta.loads
+    assert meta.saves == [] and d.narrowed == []
+    side.update_connector_output(done(load.load_id, 2))
+    flush(side)
+    assert d.released == [(1, False)] and d.last_turns == [1]
+    assert d.reports == [(1, {"prompt_tokens": 138, "prompt_blocks": 4, "local_blocks": 1,
+                              "loaded_blocks": 2})]
+    side.request_finished(r)
+    # The next request of another conversation is an ordinary one.
+    other = Req("b", TOKENS + [5] * 10)
+    assert side.get_num_new_matched_tokens(other, 32) == (64, False)
+    flush(side)
+    assert d.narrowed == [(2, 1, 2)]
+    side.request_finished(other)
+    flush(side)
+    assert d.last_turns == [1]
+
+
+@pytest.mark.parametrize("params", [{"kvkeeper_last_turn": "yes"}, {"kvkeeper_last_turn": 1},
+                                    {"kvkeeper_last_turn": False}, {"other": True}, None, "x"])
+def test_anything_but_a_true_last_turn_is_an_ordinary_request(params, caplog) -> None:
+    side, (d,), _ = make()
+    store(d, 0, TOKENS, 3)
+    r = Req("a", TOKENS + [5] * 10, kv_transfer_params=params)
+    with caplog.at_level("WARNING", logger="kvkeeper.connector"):
+        assert side.get_num_new_matched_tokens(r, 0) == (96, False)
+    side.update_state_after_alloc(r, Blocks([40, 41, 42, 43, 44]), 96)
+    r.num_computed_tokens = 96
+    meta = side.build_connector_meta(output(a=42), lambda rid: [40, 41, 42, 43, 44])
+    assert len(meta.saves) == 1
+    side.update_connector_output(done(meta.loads[0].load_id, 3))
+    flush(side)
+    assert d.last_turns == []
+    typo = isinstance(params, dict) and not isinstance(params.get("kvkeeper_last_turn", False), bool)
+    assert ("kvkeeper_last_turn" in caplog.text) == typo
 
 
 def test_repeated_lookup_and_unused_hit_release_the_lease() -> None:
