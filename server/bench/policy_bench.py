@@ -23,6 +23,11 @@ trace, so each ratio is the policy's share of the reachable hit ratio. The
 default policy's results carry the issue's target (>= 0.8 of the optimum),
 and one result per point compares it with lru (target >= 1.0).
 
+`policy.hinted.*` replays the same traces where each request the trace
+marks as its conversation's last turn says so, as the connector does for
+kv_transfer_params {"kvkeeper_last_turn": true}: it saves nothing and its
+lease is released with last_turn, so the daemon demotes what it read.
+
 Each result also says what share of the cache held dead blocks (no later
 lookup reads them; sampled through the replay), and one informational result
 per point replays the default policy driven by a client told which blocks
@@ -69,12 +74,14 @@ class Replay:
         return self.hits / self.asked if self.asked else 0.0
 
 
-def replay(requests: Sequence[Request], capacity: int, policy: str, *,
+def replay(requests: Sequence[Request], capacity: int, policy: str, *, hints: bool = False,
            told: bool = False, last: Optional[dict[bytes, int]] = None) -> Replay:
     """Drive a Ledger of `capacity` blocks with `requests` (see the module
-    docstring). `told`: the client knows which blocks are read again
-    (policy_liveness: it saves only the live part of each chain and discards
-    the leased blocks nobody reads again). The dead share of the cache is
+    docstring). `hints`: a request marked last_turn does what the connector
+    does for one (saves nothing, releases its lease with last_turn). `told`:
+    the client knows which blocks are read again (policy_liveness: it saves
+    only the live part of each chain and discards the leased blocks nobody
+    reads again). The dead share of the cache is
     sampled SAMPLES times through the replay (`last`: last_lookups of the
     trace, computed here when not given)."""
     if last is None:
@@ -101,6 +108,9 @@ def replay(requests: Sequence[Request], capacity: int, policy: str, *,
         asked += r.prompt_blocks
         lease = m.lease_id
         discard: list[int] = []
+        ends = hints and r.last_turn
+        if ends:
+            keys = keys[:h]                           # a last turn saves nothing
         if told:
             keys = keys[:live_prefix(keys, last, t)]   # the rest: nobody reads it again
             discard = list(range(min(h, len(keys)), h))
@@ -113,13 +123,13 @@ def replay(requests: Sequence[Request], capacity: int, policy: str, *,
                 dropped += len(keys) - start
                 break
             if lease is not None:    # released before the first save commits
-                led.release(sid, lease, now, discard_indices=discard)
+                led.release(sid, lease, now, discard_indices=discard, last_turn=ends)
                 lease = None
             if res.reservation_id is not None:
                 led.commit(sid, res.reservation_id, now)
             parent = chunk[-1]
         if lease is not None:
-            led.release(sid, lease, now, discard_indices=discard)
+            led.release(sid, lease, now, discard_indices=discard, last_turn=ends)
         if t % every == every - 1:
             dead.sample(blocks, t)
     seconds = time.perf_counter() - t0
@@ -160,6 +170,10 @@ def run(quick: bool = False, *, log: Callable[[str], None] = lambda s: None,
                 log(f"policy: {mix} {point:.0%} ({cap} blocks) {name}: {rp.ratio:.3f} "
                     f"(optimum {opt:.3f}; dead share of the cache {rp.dead_share:.2f}) "
                     f"in {rp.seconds:.1f}s")
+            hinted = {name: replay(reqs, cap, name, hints=True, last=last) for name in names}
+            if DEFAULT_POLICY in hinted:
+                log(f"policy: {mix} {point:.0%} {DEFAULT_POLICY} with last-turn hints: "
+                    f"{hinted[DEFAULT_POLICY].ratio:.3f}")
             told = replay(reqs, cap, DEFAULT_POLICY, told=True, last=last)
             log(f"policy: {mix} {point:.0%} {DEFAULT_POLICY}, told what is read again: "
                 f"{told.ratio:.3f} (dead share {told.dead_share:.2f})")
@@ -181,6 +195,20 @@ def run(quick: bool = False, *, log: Callable[[str], None] = lambda s: None,
                             "dead_share_of_cache": round(rp.dead_share, 4),
                             "replay_seconds": round(rp.seconds, 2)},
                     note="block hit ratio through the real Ledger; ratio = share of the optimum"))
+            for name, rp in hinted.items():
+                default = name == DEFAULT_POLICY
+                results.append(Result(
+                    name=f"policy.hinted.{label}.{name}", value=rp.ratio, unit="ratio",
+                    baseline_name="offline optimum (Belady over blocks, bypass)",
+                    baseline_value=opt, better="higher",
+                    target=">= 0.8" if default else None, target_of="ratio",
+                    params={**params, "policy": name, "default": default,
+                            "last_turns": sum(r.last_turn for r in reqs),
+                            "dead_share_of_cache": round(rp.dead_share, 4),
+                            "stranded_blocks_left": rp.stranded},
+                    note="the same replay where the requests the trace marks last_turn say so, "
+                         "as the connector does for kv_transfer_params kvkeeper_last_turn: "
+                         "they save nothing and release their lease with last_turn"))
             results.append(Result(
                 name=f"policy.told.{label}.{DEFAULT_POLICY}", value=told.ratio, unit="ratio",
                 baseline_name="offline optimum (Belady over blocks, bypass)",

@@ -14,7 +14,9 @@ weights (`Mix`):
              After each turn a conversation ends with p_end, or its next turn
              is due after the user's think time (gamma-distributed, shape 2,
              mean turn_gap requests); a chat request serves the conversation
-             most overdue, or opens a new one when none is due.
+             most overdue, or opens a new one when none is due. A turn after
+             which its conversation ends is marked last_turn (what a client
+             that knows it would say; replays use it only when told to).
     rag      a system prompt, a shared document (Zipf-popular), a question
     unique   a system prompt and a one-off message (never read again)
     scan     a one-off long document read once (64-256 blocks) after a
@@ -28,9 +30,12 @@ System prompts and documents are Zipf-popular (rank r drawn with weight
 File format (`write_trace`, `read_trace`): JSON lines, one request a line,
 
     {"keys": ["<hex key>", ...], "prompt_blocks": 12}
+    {"keys": ["<hex key>", ...], "prompt_blocks": 12, "last_turn": true}
 
 keys[0] is the first block of a chain; each key's parent is the key before
-it; prompt_blocks <= len(keys) (the rest are decode blocks). Keys are hex
+it; prompt_blocks <= len(keys) (the rest are decode blocks); last_turn
+(optional, false when absent): the request said it was its conversation's
+last turn. Keys are hex
 of any fixed length (all the same). An operator can record their own
 traffic in this shape (the keys of each Match and the Reserve that followed)
 and replay it: `kvkeeper bench policy --trace FILE`.
@@ -51,6 +56,9 @@ KEY_BYTES = 32
 class Request:
     keys: tuple[bytes, ...]
     prompt_blocks: int
+    # The client says so: no request extends this one's chain (a conversation's
+    # last turn; the connector's kv_transfer_params "kvkeeper_last_turn").
+    last_turn: bool = False
 
 
 @dataclass(frozen=True)
@@ -171,9 +179,11 @@ def generate(mix: Mix, seed: int = 1) -> list[Request]:
         else:
             prompt = extend(system(), unique(rng.randint(*mix.scan_blocks)))
         full = extend(prompt, unique(rng.randint(*mix.decode_blocks)))
-        out.append(Request(tuple(full), len(prompt)))
+        ends = kind == "chat" and (rng.random() < mix.p_end
+                                   or len(full) > mix.max_history_blocks)
+        out.append(Request(tuple(full), len(prompt), last_turn=ends))
         if kind == "chat":
-            if rng.random() < mix.p_end or len(full) > mix.max_history_blocks:
+            if ends:
                 conversations.pop(i, None)
             else:
                 conversations[i] = full
@@ -200,8 +210,11 @@ def reread_working_set(requests: list[Request]) -> int:
 def write_trace(requests: Iterable[Request], path: str) -> None:
     with open(path, "w") as fh:
         for r in requests:
-            fh.write(json.dumps({"keys": [k.hex() for k in r.keys],
-                                 "prompt_blocks": r.prompt_blocks}) + "\n")
+            d: dict[str, object] = {"keys": [k.hex() for k in r.keys],
+                                    "prompt_blocks": r.prompt_blocks}
+            if r.last_turn:
+                d["last_turn"] = True
+            fh.write(json.dumps(d) + "\n")
 
 
 class TraceError(ValueError):
@@ -219,6 +232,7 @@ def read_trace(path: str) -> list[Request]:
                 d = json.loads(line)
                 keys = tuple(bytes.fromhex(k) for k in d["keys"])
                 prompt = int(d["prompt_blocks"])
+                last = d.get("last_turn", False)
             except (ValueError, KeyError, TypeError) as e:
                 raise TraceError(f"{path}:{n}: not a request line "
                                  f'{{"keys": [hex, ...], "prompt_blocks": N}}: {e}') from None
@@ -228,8 +242,10 @@ def read_trace(path: str) -> list[Request]:
             w = {len(k) for k in keys}
             if len(w) != 1 or (width is not None and w != {width}):
                 raise TraceError(f"{path}:{n}: keys of different lengths; all keys have one length")
+            if not isinstance(last, bool):
+                raise TraceError(f"{path}:{n}: last_turn is {last!r}; true, false or absent")
             width = w.pop()
-            out.append(Request(keys, prompt))
+            out.append(Request(keys, prompt, last))
     if not out:
         raise TraceError(f"{path}: no requests")
     return out

@@ -217,6 +217,7 @@ def test_policy_quick(capsys: pytest.CaptureFixture[str]) -> None:
     expect = {f"policy.hit_ratio.{lb}.{p}" for lb in labels for p in POLICIES}
     expect |= {f"policy.default_vs_lru.{lb}" for lb in labels}
     expect |= {f"policy.told.{lb}.{DEFAULT_POLICY}" for lb in labels}
+    expect |= {f"policy.hinted.{lb}.{p}" for lb in labels for p in POLICIES}
     check_shape(items, "policy", expect)
     by = {r["name"]: r for r in items}
     for lb in labels:
@@ -228,6 +229,11 @@ def test_policy_quick(capsys: pytest.CaptureFixture[str]) -> None:
             assert 0 <= r["params"]["dead_share_of_cache"] <= 1
         # The told replay is analysis (no target), never above the optimum, and
         # holds no block that nobody reads again.
+        for p in POLICIES:   # with the trace's last-turn hints: the same contract
+            r = by[f"policy.hinted.{lb}.{p}"]
+            assert 0 < r["value"] <= r["baseline_value"] + 1e-9
+            assert (r["target"] is not None) == (p == DEFAULT_POLICY)
+            assert r["params"]["stranded_blocks_left"] == 0 and r["params"]["last_turns"] > 0
         told = by[f"policy.told.{lb}.{DEFAULT_POLICY}"]
         assert told["target"] is None and told["value"] <= told["baseline_value"] + 1e-9
         assert told["params"]["dead_share_of_cache"] == 0

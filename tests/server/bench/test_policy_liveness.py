@@ -55,3 +55,20 @@ def test_the_told_replay_sits_between_the_policy_and_the_optimum() -> None:
     untold, told = replay(reqs, 200, "s3fifo"), replay(reqs, 200, "s3fifo", told=True)
     assert untold.hits < told.hits <= hits
     assert told.dead_share < 0.05 < untold.dead_share
+
+
+DOC, CONV, ONE_OFF = chain(b"d", 4), chain(b"c", 4), chain(b"e", 4)
+HINTED = [Request(tuple(DOC), 4), Request(tuple(CONV), 4),
+          Request(tuple(CONV + chain(b"t", 2)), 4, last_turn=True),   # CONV's last turn
+          Request(tuple(ONE_OFF), 4), Request(tuple(DOC), 4)]
+
+
+@pytest.mark.parametrize("policy", ["lru", "hits-lru", "s3fifo"])
+def test_a_last_turn_that_says_so_leaves_room_for_what_is_read_again(policy: str) -> None:
+    """10 blocks: CONV's last turn would save its tail and keep CONV ahead of
+    DOC, so ONE_OFF pushes DOC out; said (hints), it saves nothing and CONV
+    goes first."""
+    plain = replay(HINTED, 10, policy)
+    hinted = replay(HINTED, 10, policy, hints=True)
+    assert plain.hits == 4 and hinted.hits == 8       # CONV's last turn, then DOC again
+    assert hinted.stranded == 0 and hinted.dropped == 0

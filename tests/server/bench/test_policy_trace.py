@@ -46,12 +46,31 @@ def test_scan_heavy_reads_more_one_off_blocks_than_chat_heavy():
     assert one_off_share("scan-heavy") > one_off_share("chat-heavy")
 
 
-def test_the_file_format_round_trips(tmp_path):
-    reqs = generate(MIXES["rag-heavy"].scaled(50), seed=2)
+def test_a_conversations_last_turn_is_marked_and_never_extended():
+    reqs = generate(MIXES["chat-heavy"].scaled(400), seed=1)
+    chains = {r.keys for r in reqs}
+    extends = {other for r in reqs for other in chains
+               if len(other) < r.prompt_blocks and r.keys[:len(other)] == other}
+    last = [r for r in reqs if r.last_turn]
+    assert len(last) > 20 and not any(r.keys in extends for r in last)
+    # Turns not marked are continued (all but those still open when the trace ends).
+    unmarked_turns = [r for r in reqs if not r.last_turn and r.keys in extends]
+    assert len(unmarked_turns) > len(last)
+    # A one-off request (no conversation) is never marked: its first block is a
+    # system prompt's and its chain is not extended, whatever the mix.
+    rag = generate(MIXES["rag-heavy"].scaled(400), seed=1)
+    assert sum(r.last_turn for r in rag) < sum(1 for r in rag if r.keys not in extends)
+
+
+@pytest.mark.parametrize("mix", ["rag-heavy", "chat-heavy"])
+def test_the_file_format_round_trips(tmp_path, mix):
+    reqs = generate(MIXES[mix].scaled(80), seed=2)
     path = str(tmp_path / "t.jsonl")
     write_trace(reqs, path)
-    first = json.loads(open(path).readline())
-    assert set(first) == {"keys", "prompt_blocks"} and isinstance(first["keys"][0], str)
+    lines = [json.loads(x) for x in open(path)]
+    assert set(lines[0]) <= {"keys", "prompt_blocks", "last_turn"}
+    assert isinstance(lines[0]["keys"][0], str)
+    assert sum("last_turn" in x for x in lines) == sum(r.last_turn for r in reqs)
     assert read_trace(path) == reqs
 
 
@@ -61,6 +80,8 @@ def test_the_file_format_round_trips(tmp_path):
     ('{"keys": ["zz"], "prompt_blocks": 1}', "not a request line"),
     ('{"keys": ["00ff"], "prompt_blocks": 2}', "must be in 1..1"),
     ('{"keys": ["00ff", "00"], "prompt_blocks": 1}', "different lengths"),
+    ('{"keys": ["00ff"], "prompt_blocks": 1, "last_turn": "yes"}', "last_turn is 'yes'"),
+    ('{"keys": ["00ff"], "prompt_blocks": 1, "last_turn": 1}', "last_turn is 1"),
 ])
 def test_a_bad_trace_names_its_line(tmp_path, line, why):
     path = tmp_path / "t.jsonl"
