@@ -138,6 +138,20 @@ def replay(requests: Sequence[Request], capacity: int, policy: str, *, hints: bo
     return Replay(hits, asked, dropped, left, seconds, led.top.admission_refused, dead.share)
 
 
+def _share(name: str, rp: Replay, opt: float, note: str, params: dict) -> Result:
+    """A replay's hit ratio against the optimum's; the default policy's
+    carries the issue's target."""
+    return Result(
+        name=name, value=rp.ratio, unit="ratio",
+        baseline_name="offline optimum (Belady over blocks, bypass)", baseline_value=opt,
+        better="higher", target=">= 0.8" if params["default"] else None, target_of="ratio",
+        params={**params, "dropped_saves_blocks": rp.dropped, "not_admitted_blocks": rp.refused,
+                "stranded_blocks_left": rp.stranded,
+                "dead_share_of_cache": round(rp.dead_share, 4),
+                "replay_seconds": round(rp.seconds, 2)},
+        note=note)
+
+
 def run(quick: bool = False, *, log: Callable[[str], None] = lambda s: None,
         trace: Optional[str] = None, seed: int = 1,
         policies: Optional[Sequence[str]] = None, requests: Optional[int] = None,
@@ -181,34 +195,17 @@ def run(quick: bool = False, *, log: Callable[[str], None] = lambda s: None,
             params = {"mix": mix, "capacity_blocks": cap, "capacity_of_working_set": point,
                       "working_set_blocks": ws, "requests": len(reqs), "looked_up_blocks": asked,
                       "seed": seed if trace is None else None, "mix_changes": dict(mix_changes)}
-            for name, rp in got.items():
-                default = name == DEFAULT_POLICY
-                results.append(Result(
-                    name=f"policy.hit_ratio.{label}.{name}", value=rp.ratio, unit="ratio",
-                    baseline_name="offline optimum (Belady over blocks, bypass)",
-                    baseline_value=opt, better="higher",
-                    target=">= 0.8" if default else None, target_of="ratio",
-                    params={**params, "policy": name, "default": default,
-                            "dropped_saves_blocks": rp.dropped,
-                            "not_admitted_blocks": rp.refused,
-                            "stranded_blocks_left": rp.stranded,
-                            "dead_share_of_cache": round(rp.dead_share, 4),
-                            "replay_seconds": round(rp.seconds, 2)},
-                    note="block hit ratio through the real Ledger; ratio = share of the optimum"))
-            for name, rp in hinted.items():
-                default = name == DEFAULT_POLICY
-                results.append(Result(
-                    name=f"policy.hinted.{label}.{name}", value=rp.ratio, unit="ratio",
-                    baseline_name="offline optimum (Belady over blocks, bypass)",
-                    baseline_value=opt, better="higher",
-                    target=">= 0.8" if default else None, target_of="ratio",
-                    params={**params, "policy": name, "default": default,
-                            "last_turns": sum(r.last_turn for r in reqs),
-                            "dead_share_of_cache": round(rp.dead_share, 4),
-                            "stranded_blocks_left": rp.stranded},
-                    note="the same replay where the requests the trace marks last_turn say so, "
-                         "as the connector does for kv_transfer_params kvkeeper_last_turn: "
-                         "they save nothing and release their lease with last_turn"))
+            for kind, replays, note in (
+                    ("hit_ratio", got, "block hit ratio through the real Ledger; ratio = share "
+                                       "of the optimum"),
+                    ("hinted", hinted, "the same replay where the requests the trace marks "
+                                       "last_turn say so, as the connector does for "
+                                       "kv_transfer_params kvkeeper_last_turn: they save "
+                                       "nothing and release their lease with last_turn")):
+                for name, rp in replays.items():
+                    results.append(_share(f"policy.{kind}.{label}.{name}", rp, opt, note, {
+                        **params, "policy": name, "default": name == DEFAULT_POLICY,
+                        "last_turns": sum(r.last_turn for r in reqs) if kind == "hinted" else 0}))
             results.append(Result(
                 name=f"policy.told.{label}.{DEFAULT_POLICY}", value=told.ratio, unit="ratio",
                 baseline_name="offline optimum (Belady over blocks, bypass)",
