@@ -33,7 +33,9 @@ logging):
       alone, one after the other, each after a pause of `settle` seconds
       (default 0) and, with collect, a gc.collect(); or with batch all of
       them in one llm.generate; with "salt": s, under that cache salt (no
-      prefix cache, vLLM's or the daemon's, holds it: a recompute) ->
+      prefix cache, vLLM's or the daemon's, holds it: a recompute); with
+      "kv_transfer_params": {...}, every prompt carries them (e.g.
+      {"kvkeeper_last_turn": true}) ->
       {"results": [{"tokens": [ids], "ttft": s, "wall": s, "cached": n,
                     "params": kv_transfer_params,
                     "timings": [timing lines written during the request],
@@ -146,7 +148,9 @@ def stages(m: Any, sent: float, ttft: float) -> Dict[str, float]:
 def generate(llm: Any, timings: Timings, cmd: Dict[str, Any]) -> List[Dict[str, Any]]:
     from vllm import SamplingParams
 
-    sp = SamplingParams(temperature=0, max_tokens=int(cmd.get("max_tokens", 1)), ignore_eos=True)
+    kv = cmd.get("kv_transfer_params")
+    sp = SamplingParams(temperature=0, max_tokens=int(cmd.get("max_tokens", 1)), ignore_eos=True,
+                        extra_args={"kv_transfer_params": dict(kv)} if kv else None)
     prompts = [list(p) for p in cmd["prompts"]]
     results = []
     for group in ([prompts] if cmd.get("batch") else [[p] for p in prompts]):

@@ -162,10 +162,13 @@ class EngineProcess(driver.EngineProcess):
                 "reports": [r["params"] for r in results]}
 
     def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int,
-                 timeout: float = 120.0) -> Dict[str, Any]:
-        """All prompts in one batch (one llm.generate), `max_tokens` each."""
+                 timeout: float = 120.0,
+                 kv_transfer_params: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """All prompts in one batch (one llm.generate), `max_tokens` each, each
+        with `kv_transfer_params` when given."""
+        extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else {}
         self.send(cmd="generate", prompts=[list(p) for p in prompts], max_tokens=max_tokens,
-                  batch=True)
+                  batch=True, **extra)
         return self.result(timeout)
 
 

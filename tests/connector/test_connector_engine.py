@@ -202,6 +202,31 @@ def test_partial_prefix_hit_on_a_shared_system_prompt(cluster: Cluster) -> None:
     cluster.wait_no_leases()
 
 
+def test_a_last_turn_loads_its_hit_and_saves_nothing(cluster: Cluster) -> None:
+    """A conversation's next turn with kv_transfer_params {"kvkeeper_last_turn":
+    true}: vLLM hands the flag to the connector, which loads the history (the
+    same tokens as recompute) and saves none of the turn's new blocks; its
+    lease goes back (with last_turn: the daemon demotes what it read)."""
+    history = prompt("conversation", 100)                # 3 full blocks
+    first = one(cluster.a, history, 8)
+    cluster.wait_stored(report_keys(first["report"], history)[:3])
+    turn = history + first["tokens"] + prompt("last question", 60)   # 168 tokens: 5 blocks
+    base = one(cluster.base, turn, 8)
+    r = cluster.b.generate([turn], 8, kv_transfer_params={"kvkeeper_last_turn": True})
+    last = {"tokens": r["outputs"][0], "report": r["reports"][0]}
+    assert hit_tokens(last) == 96 and last["tokens"] == base["tokens"]
+    assert last["report"]["kvkeeper"]["saved_blocks"] == 0
+    keys = report_keys(last["report"], turn)
+    time.sleep(1.0)                                      # saves would have landed by now
+    assert cluster.stored(keys) == 3, "the last turn's own blocks were saved"
+    cluster.wait_no_leases()
+    # The same turn without the flag, on A (B's own cache holds it now), saves
+    # them: the flag, not the prompt, kept them out.
+    again = one(cluster.a, turn, 8)
+    assert again["report"]["kvkeeper"]["saved_blocks"] == 2
+    cluster.wait_stored(keys)
+
+
 def test_corrupt_block_is_detected_recomputed_and_replaced(cluster: Cluster) -> None:
     p = prompt("corrupt", 160)                     # 5 full blocks, all loaded (hit 159)
     base = one(cluster.base, p, 8)
