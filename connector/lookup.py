@@ -49,6 +49,20 @@ class Lease:
     # released whole, with Release.last_turn.
     last_turn: bool = False
 
+    def narrow(self, local: int, per_rank: Sequence[int], matched: int,
+               releasers: Sequence[Any]) -> None:
+        """Unpin, through each rank's releaser, what vLLM holds itself (the
+        first `local` blocks) and what another rank lacks: the lease keeps
+        blocks [local, local + self.blocks). A last turn keeps it all until its
+        release, which demotes what it read, vLLM's own hit included."""
+        if self.last_turn:
+            return
+        for rank, lid in enumerate(self.ids):
+            if local or per_rank[rank] > matched:
+                releasers[rank].narrow(lid, local, self.blocks)
+        if local:
+            self.base = local
+
     def peer_part(self, n: int) -> Optional[Tuple[str, Tuple[Tuple[int, int], ...]]]:
         """The peer's segment and its blocks of the n blocks loaded from `start`."""
         if self.peer is None:
@@ -77,6 +91,7 @@ class Lookup:
     futures: List[Future[Any]]   # per TP rank: match_with_refs of keys[0:limit]
     limit: int                     # blocks looked up, from block 0
     deadline: float                # a miss if not answered by then
+    last_turn: bool = False        # the request's (sched_state.last_turn), for its lease
 
     def done(self) -> bool:
         return all(f.done() for f in self.futures)
@@ -107,5 +122,6 @@ class Lookup:
             matched = min(matched, res.matched)
             if not tiers:
                 tiers = list(getattr(res, "tiers", None) or ())
-        return LookupAnswer(Lease(ids, 0, 0, refs=refs, arenas=arenas, tiers=tiers), per_rank,
+        return LookupAnswer(Lease(ids, 0, 0, refs=refs, arenas=arenas, tiers=tiers,
+                                  last_turn=self.last_turn), per_rank,
                             matched, error, peers[0] if len(self.futures) == 1 and peers else None)

@@ -58,7 +58,6 @@ class RequestState:
     request: Any
     chains: List[KeyChain]     # per TP rank
     cacheable: bool
-    last_turn: bool = False              # its conversation's last turn (last_turn())
     lease: Optional[Lease] = None
     lookup: Optional[Lookup] = None      # in flight, its answer not used yet
     saved_blocks: Optional[int] = None   # leading blocks stored or planned; None: unknown yet
@@ -66,6 +65,10 @@ class RequestState:
     saved_total: int = 0
     loads: Set[int] = field(default_factory=set)   # load ids in flight
     hit_sources: Dict[str, int] = field(default_factory=dict)   # the last hit's tokens per tier
+    last_turn: bool = field(init=False)   # its conversation's last turn (last_turn())
+
+    def __post_init__(self) -> None:
+        self.last_turn = last_turn(self.request)
 
     def keys(self, rank: int, start: int, end: int) -> Tuple[bytes, ...]:
         """TP rank `rank`'s keys of the request's blocks start..end-1."""

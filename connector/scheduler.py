@@ -57,7 +57,7 @@ from .lookup import Lease, Lookup, match_with_refs, peer_lease, wait_all
 from .metadata import KVKeeperConnectorMetadata, KVKeeperWorkerMetadata, LoadSpec
 from .releaser import Releaser
 from .save_plan import plan_saves
-from .sched_state import RequestState, last_turn, request_seed_inputs
+from .sched_state import RequestState, request_seed_inputs
 from .stats import Counters, KVKeeperStats
 
 __all__ = ["IDLE_WAIT_S", "SchedulerSide"]
@@ -122,8 +122,7 @@ class SchedulerSide:
             cacheable = getattr(request, "prompt_embeds", None) is None
             chains = [KeyChain(namespace_seed(ns, cache_salt=salt, lora=lora, extra=mm), self.bs)
                       for ns in self.namespaces]
-            st = RequestState(request=request, chains=chains, cacheable=cacheable,
-                              last_turn=last_turn(request))
+            st = RequestState(request=request, chains=chains, cacheable=cacheable)
             self._reqs[rid] = st
         return st
 
@@ -159,7 +158,7 @@ class SchedulerSide:
             keys = list(st.keys(rank, 0, limit))
             futures.append(link.submit(lambda c, keys=keys: match_with_refs(c, keys, self._peer),
                                        "lookup"))
-        st.lookup = Lookup(futures, limit, self._clock() + self.cfg.lookup_timeout_s)
+        st.lookup = Lookup(futures, limit, self._clock() + self.cfg.lookup_timeout_s, st.last_turn)
         return True
 
     def _forget_lookup(self, st: RequestState) -> None:
@@ -199,8 +198,6 @@ class SchedulerSide:
         request = st.request
         ans = lk.answer()
         lease, error, matched = ans.lease, ans.error, ans.matched
-        if lease is not None:
-            lease.last_turn = st.last_turn
         if error is not None:
             self._release(lease)
             self.counters.inc("lookup_errors")
@@ -224,14 +221,7 @@ class SchedulerSide:
         lease.start = local
         lease.blocks = matched - lease.start
         lease.computed = num_computed_tokens
-        # Unpin what vLLM holds itself, and what another rank lacks; a last
-        # turn keeps it all until the release, which demotes what it read.
-        narrow = not lease.last_turn
-        for rank, lid in enumerate(lease.ids):
-            if narrow and (local or ans.per_rank[rank] > matched):
-                self.releasers[rank].narrow(lid, local, lease.blocks)
-        if local and narrow:
-            lease.base = local
+        lease.narrow(local, ans.per_rank, matched, self.releasers)
         st.lease = lease
         return hit, self.async_loads
 
