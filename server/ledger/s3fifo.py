@@ -64,13 +64,26 @@ SMALL, MAIN = Q1, Q2
 
 
 def _hash(key: Any) -> int:
-    """A key's 64-bit hash, the same in every process. hash() of bytes is
-    salted per process (PYTHONHASHSEED), which made which ghosts collide,
-    and so admissions and the policy bench's ratios, differ run to run.
-    Both ends of the key are mixed in (tests and traces use small integers
-    as keys, chains use digests), then spread by Fibonacci hashing."""
-    if isinstance(key, bytes) and len(key) >= 8:
-        x = int.from_bytes(key[:8], "little") ^ int.from_bytes(key[-8:], "big")
+    """A key's 64-bit hash, the same in every process. hash() of bytes, str
+    and tuples of them is salted per process (PYTHONHASHSEED), which made
+    which ghosts collide, and so admissions, the policy bench's ratios and
+    a test's ghost lookup, differ run to run. Both ends of a key of 8 bytes
+    or more are mixed in (chains use digests), a shorter one whole with its
+    length (tests name blocks b"c0"); a tuple (the disk book's (namespace,
+    key)) folds its parts; then Fibonacci hashing spreads it. Ints hash the
+    same everywhere already."""
+    if isinstance(key, tuple):
+        h = len(key)
+        for part in key:
+            h = ((h * 0x100000001B3) ^ _hash(part)) & 0xFFFFFFFFFFFFFFFF
+        return h
+    if isinstance(key, str):
+        key = key.encode()
+    if isinstance(key, bytes):
+        if len(key) >= 8:
+            x = int.from_bytes(key[:8], "little") ^ int.from_bytes(key[-8:], "big")
+        else:
+            x = int.from_bytes(key, "little") | (len(key) << 56)
         h = (x * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
         return h ^ (h >> 29)
     return hash(key)
