@@ -29,14 +29,16 @@ def unpin(b: Block, now: float) -> None:
         b.tier.evictable_pages += b.ns.pages_per_block
 
 
-def demote(b: Block) -> None:
+def demote(b: Block) -> bool:
     """A client said nobody reads `b` again soon (a conversation's last turn
     read it): its policy evicts it first unless it is hit again. Only an
     evictable block: one another lease pins keeps its place (that reader
-    reads it), and a pending one was never read."""
+    reads it), and a pending one was never read. Whether it was demoted."""
     if b.refs == 0 and b.state is BlockState.COMMITTED:
         b.tier.policy.demote(b)
         b.tier.last_turn_demoted += 1
+        return True
+    return False
 
 
 def reclaim(b: Block, reason: str) -> None:

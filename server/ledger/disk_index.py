@@ -74,6 +74,7 @@ class DiskIndex:
         self.written_blocks = 0
         self.written_bytes = 0
         self.refused = 0        # copies the policy's admission turned away
+        self.last_turn_demoted = 0   # copies a last turn demoted (demote)
         # Where its copies' stored / removed events go (events.TierEvents), if anywhere.
         self.events: Any = None
 
@@ -172,6 +173,14 @@ class DiskIndex:
             self._policy.hit(entry)
         else:
             entry.hits += 1
+
+    def demote(self, entry: DiskEntry) -> None:
+        """A conversation's last turn read the block: its copy goes first in
+        line (the policy's demote) unless it is hit again. Only an unpinned
+        stored copy: one being written or read keeps its place."""
+        if entry.pins == 0 and entry.state is DiskState.STORED:
+            self._policy.demote(entry)
+            self.last_turn_demoted += 1
 
     def drop(self, entry: DiskEntry, reason: str) -> None:
         """Forget a stored copy whose file is gone or corrupt (pins or not).

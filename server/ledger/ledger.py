@@ -377,8 +377,8 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
                  demote: bool = False) -> None:
         for b in reversed(lease.blocks):  # tail first, as in match()
             books.unpin(b, now)
-            if demote:
-                books.demote(b)
+            if demote and books.demote(b) and self.lower:
+                self.demote_lower(b.ns, b.key)
         for b in discard:
             if b.refs == 0 and b.state is S.COMMITTED:
                 books.reclaim(b, "discarded")

@@ -71,6 +71,14 @@ class LowerBooks:
         if e is not None:
             book.touch(e)
 
+    def demote_lower(self: "Ledger", ns: Namespace, key: bytes) -> None:
+        """A last turn demoted the top tier's block: the lower tiers' copies go
+        first in line too, so the disk does not keep what nobody reads again."""
+        for book in self.lower.values():
+            e = book.get(ns.id, key)
+            if e is not None:
+                book.demote(e)
+
     def due_for_admission(self: "Ledger", tier: TierName, ns: Namespace,
                           keys: Sequence[bytes], hits: int) -> list[bytes]:
         """The keys whose top-tier block reached `hits` hits and that `tier`

@@ -43,7 +43,8 @@ def byte_tier_stats(led: "Ledger", name: TierName, book: DiskIndex) -> TierStats
         evictable_bytes=book.evictable_bytes, blocks=len(book), pending_blocks=0,
         evictions=_evictions(book.evictions), hit_blocks=book.hit_blocks,
         hit_tokens=led.usage.lower_hit_tokens.get(name, 0), saved_blocks=book.written_blocks,
-        saved_bytes=book.written_bytes, admission_refused=book.refused)
+        saved_bytes=book.written_bytes, admission_refused=book.refused,
+        last_turn_demoted=book.last_turn_demoted)
 
 
 def tier_stats(led: "Ledger") -> list[TierStats]:

@@ -455,14 +455,22 @@ def test_admission_refusals_are_counted_per_tier():
 
 def test_a_last_turns_release_counts_the_blocks_it_demoted():
     """Release(last_turn) demotes the lease's blocks nobody else pins: counted
-    on the tier that holds them; the blocks another lease pins are not."""
+    on the tier that holds them, and their disk copies go first in the disk
+    book's order too; the blocks another lease pins are not demoted."""
     m, L = make()
+    book = L.add_book("disk", 16 * PAGE)
     s = L.register_session("vllm-0", NS, 1.0).id
-    L.commit(s, L.reserve(s, [key(i) for i in range(4)], 1.0).reservation_id, 1.0)
+    ns = L.namespaces[next(iter(L.namespaces))]
+    for i in range(6):
+        L.commit(s, L.reserve(s, [key(i)], 1.0).reservation_id, 1.0)
+        book.written(book.reserve(ns.id, key(i), 2 * PAGE).entry)
     other = L.match(s, [key(0), key(1)], lease=True, now=2.0).lease_id
     last = L.match(s, [key(i) for i in range(4)], lease=True, now=2.0).lease_id
     L.release(s, last, 3.0, last_turn=True)
     assert val(m, "kvkeeper_last_turn_blocks_total", tier="host") == 2
+    assert val(m, "kvkeeper_last_turn_blocks_total", tier="disk") == 2
+    assert {e.where[1] for e in book.eviction_order()[:2]} == {key(2), key(3)}
     L.release(s, other, 3.0)
     assert val(m, "kvkeeper_last_turn_blocks_total", tier="host") == 2
     L.check_invariants()
+    book.check_invariants()

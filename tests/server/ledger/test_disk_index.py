@@ -364,3 +364,23 @@ def test_recency_policies_admit_every_copy(policy):
 def test_a_book_with_room_admits_without_asking():
     d = DiskIndex(4 * B, "s3fifo")
     assert d.reserve(NS, key(1), B) is not None and d.refused == 0
+
+
+@pytest.mark.parametrize("policy", ["lru", "hits-lru", "s3fifo"])
+def test_demote_puts_a_stored_copy_first_and_leaves_busy_ones_alone(policy: str) -> None:
+    """A last turn's copies go first in line; one being written or read (pinned)
+    keeps its place and is not counted; a hit afterwards undoes it."""
+    ix = DiskIndex(10 * B, policy)
+    entries = [stored(ix, i) for i in range(4)]
+    ix.demote(entries[2])
+    assert lru_order(ix)[0] == 2 and ix.last_turn_demoted == 1
+    ix.pin(entries[3])
+    busy = writing(ix, 7)
+    before = snapshot(ix)
+    ix.demote(entries[3])                      # being read
+    ix.demote(busy)                            # being written
+    assert snapshot(ix) == before and ix.last_turn_demoted == 1
+    ix.unpin(entries[3])
+    ix.touch(entries[2])
+    assert lru_order(ix)[0] != 2
+    ix.check_invariants()
