@@ -35,11 +35,12 @@ def long_prompt(tag: str, words: int = 400) -> str:
     return tag + " " + " ".join(f"{WORDS[(i * 7) % len(WORDS)]}{i % 89}" for i in range(words))
 
 
-def complete(serving: Any, prompt: str) -> RequestRecord:
-    """One greedy streaming /v1/completions request, with the experiment commands' client."""
+def complete(serving: Any, prompt: str, **extra: Any) -> RequestRecord:
+    """One greedy streaming /v1/completions request, with the experiment commands'
+    client (`extra`: more fields of the request body)."""
     rec = Backend(serving.url, timeout=120).complete(
         Row(id="smoke", prompt=prompt, max_tokens=MAX_TOKENS, prefix_id="smoke"), serving.model,
-        {"temperature": 0, "ignore_eos": True})
+        {"temperature": 0, "ignore_eos": True, **extra})
     assert rec.ok, rec.error
     return rec
 
@@ -129,3 +130,36 @@ def test_restarted_server_loads_the_prefix_from_the_daemon(serving) -> None:
     for name in ("load_errors", "checksum_errors", "lookup_errors"):
         assert after[f"vllm:kvkeeper_{name}_total"] == 0, name
     assert daemon_hits >= expected
+
+
+def test_a_last_turn_through_the_openai_server_saves_nothing_and_demotes_its_history(
+        serving) -> None:
+    """kv_transfer_params {"kvkeeper_last_turn": true} in the request body, as a
+    chat front end sends it with a conversation's last turn: vLLM hands it to
+    the connector, which saves none of the turn's blocks, and the daemon puts
+    the history the turn read first in line for eviction."""
+    history = long_prompt("conversation")
+    first = complete(serving, history)
+    blocks = full_blocks(first.prompt_tokens, BLOCK)
+    deadline = time.monotonic() + 20
+    while scrape(serving.server_metrics_url)["vllm:kvkeeper_saved_blocks_total"] < blocks:
+        assert time.monotonic() < deadline, "the history's blocks were not saved"
+        time.sleep(0.1)
+    vllm_before, daemon_before = scrape(serving.server_metrics_url), scrape(serving.metrics_url)
+    last = complete(serving, history + first.text + " thanks, that is all " * 20,
+                    kv_transfer_params={"kvkeeper_last_turn": True})
+    assert last.prompt_tokens >= first.prompt_tokens + 2 * BLOCK
+    time.sleep(1.0)   # saves and releases are sent in the background
+    vllm_after, daemon_after = scrape(serving.server_metrics_url), scrape(serving.metrics_url)
+    saved = (vllm_after["vllm:kvkeeper_saved_blocks_total"]
+             - vllm_before["vllm:kvkeeper_saved_blocks_total"])
+    demoted = (daemon_after["kvkeeper_last_turn_blocks_total"]
+               - daemon_before["kvkeeper_last_turn_blocks_total"])
+    print(f"\nlast turn: {last.prompt_tokens} tokens, saved +{saved:.0f} blocks, daemon demoted "
+          f"+{demoted:.0f} (the history's {blocks})")
+    assert saved == 0
+    # The server's own prefix cache held the history, so the lookup found
+    # nothing to load; its lease of the history went back with last_turn (one
+    # block more when the first answer's decode filled a block whose save
+    # landed in time and the re-tokenized text matches it).
+    assert blocks <= demoted <= blocks + 1
