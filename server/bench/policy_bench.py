@@ -172,6 +172,7 @@ def run(quick: bool = False, *, log: Callable[[str], None] = lambda s: None,
     for mix, reqs in traces.items():
         ws = reread_working_set(reqs)
         last = last_lookups(reqs)
+        last_turns = sum(r.last_turn for r in reqs)
         log(f"policy: {mix}: {len(reqs)} requests, {sum(r.prompt_blocks for r in reqs)} "
             f"looked-up blocks, re-read working set {ws} blocks")
         for point in POINTS:
@@ -205,7 +206,7 @@ def run(quick: bool = False, *, log: Callable[[str], None] = lambda s: None,
                 for name, rp in replays.items():
                     results.append(_share(f"policy.{kind}.{label}.{name}", rp, opt, note, {
                         **params, "policy": name, "default": name == DEFAULT_POLICY,
-                        "last_turns": sum(r.last_turn for r in reqs) if kind == "hinted" else 0}))
+                        "last_turns": last_turns if kind == "hinted" else 0}))
             results.append(Result(
                 name=f"policy.told.{label}.{DEFAULT_POLICY}", value=told.ratio, unit="ratio",
                 baseline_name="offline optimum (Belady over blocks, bypass)",
