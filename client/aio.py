@@ -68,7 +68,7 @@ class AsyncClient:
 
     def __init__(self, channel: grpc.aio.Channel, namespace: pb.NamespaceDescriptor, *,
                  instance_id: str, timeout: float, transport: Transport, checksum: str,
-                 max_retries: int, metadata: Metadata) -> None:
+                 max_retries: int, metadata: Metadata, copy_threads: int = 0) -> None:
         self._channel = channel
         self._health = health_pb2_grpc.HealthStub(channel)
         self._timeout = timeout
@@ -77,8 +77,8 @@ class AsyncClient:
                                 max_retries=max_retries, metadata=metadata,
                                 on_arena=transport.update)
         algo = algo_of(checksum)
-        self._loads = Loads(self._session, transport, algo)
-        self._saves = Saves(self._session, transport, algo)
+        self._loads = Loads(self._session, transport, algo, copy_threads)
+        self._saves = Saves(self._session, transport, algo, copy_threads)
         self._leases = Leases(self._session, transport, self._loads)
 
     # ---- lifecycle
@@ -87,7 +87,7 @@ class AsyncClient:
     async def connect(cls, url: str, namespace: NamespaceLike, *, instance_id: str = "",
                       timeout: float = 5.0, transport: str = "auto",
                       checksum: str = DEFAULT_CHECKSUM, max_retries: int = 5, token: Optional[str] = None,
-                      tls: TLSLike = None) -> "AsyncClient":
+                      tls: TLSLike = None, copy_threads: int = 0) -> "AsyncClient":
         """Open a channel to `url`, register a session and start heartbeats.
 
         timeout: deadline of every RPC, in seconds (a stream's deadline covers
@@ -99,6 +99,9 @@ class AsyncClient:
         idempotent call on UNAVAILABLE. token: bearer token sent with every call
         (daemons with auth.tokens_file). tls: None (plain), True (system roots) or
         kvkeeper.client.auth.TLS(ca_file, cert_file, key_file); see client/auth.py.
+        copy_threads: threads that copy (and checksum) a same-host save or
+        load of 16 MiB or more at once, a shard of its blocks each; 0 (auto):
+        as many as the CPUs the calling thread may run on, at most 4.
         """
         byte_path = Transport(transport)
         algo_of(checksum)   # ValueError naming the choices, before anything connects
@@ -106,13 +109,15 @@ class AsyncClient:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries!r}")
+        if isinstance(copy_threads, bool) or not isinstance(copy_threads, int) or copy_threads < 0:
+            raise ValueError(f"copy_threads must be an int >= 0 (0: auto), got {copy_threads!r}")
         target = to_grpc_target(url)
         ns = namespace_descriptor(namespace)
         metadata = bearer_metadata(token)
         channel = aio_channel(target, tls, CHANNEL_OPTIONS)
         self = cls(channel, ns, instance_id=instance_id, timeout=float(timeout),
                    transport=byte_path, checksum=checksum, max_retries=int(max_retries),
-                   metadata=metadata)
+                   metadata=metadata, copy_threads=copy_threads)
         try:
             await self._session.register(initial=True)
         except BaseException:

@@ -10,11 +10,13 @@ hashing it read every byte from memory twice (~0.5x memcpy with XXH3-64 in
 A load checks the bytes it copied into the caller's buffer, which are exactly
 the bytes the caller is about to use; a save checksums the caller's bytes as
 it copies them, so a copy gone wrong is caught by the next load rather than
-blessed. Large batches run off the event loop (`load_verified`, `save_summed`).
+blessed. Large batches run off the event loop (`load_verified`, `save_summed`),
+and larger ones in shards on several threads at once.
 """
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
@@ -26,7 +28,7 @@ from .arena_mapping import ArenaMapping
 from .checksum import ALGOS, OFFLOAD_BYTES, Hasher
 
 __all__ = ["Stored", "extents_of", "stored", "read_verified", "write_summed", "load_verified",
-           "save_summed"]
+           "save_summed", "copy_threads", "shards"]
 
 
 T = TypeVar("T")
@@ -96,18 +98,72 @@ def write_summed(m: ArenaMapping, extents: Sequence[List[Extent]], blocks: Seque
     return sums
 
 
+# A batch this large is split in shards copied at once, each in its own worker
+# thread: a copy is bound by one core's memory traffic, not by the memory
+# (`kvkeeper bench data` here: 2 threads copy and hash at ~1.5x one thread's
+# memcpy). A shard below SHARD_MIN_BYTES gains less than its thread hop costs.
+SHARD_MIN_BYTES = 8 << 20
+# Past 4 threads the memory, not the cores, is the limit on common servers.
+MAX_COPY_THREADS = 4
+
+
+def copy_threads(requested: int = 0) -> int:
+    """Threads a large batch is copied with: `requested`, or with 0 (auto)
+    as many CPUs as the calling thread may run on, at most MAX_COPY_THREADS.
+    The connector runs its client on the engine's spare cores (cpus.py), so
+    auto copies there with the spare cores and never on the forward's."""
+    if requested > 0:
+        return requested
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, min(n, MAX_COPY_THREADS))
+
+
+def shards(count: int, nbytes: int, threads: int) -> List[Tuple[int, int]]:
+    """[start, end) ranges of a batch of `count` blocks (`nbytes` in all)
+    copied by up to copy_threads(threads) threads, each at least
+    SHARD_MIN_BYTES; one range when it is not worth splitting."""
+    k = min(copy_threads(threads), count, nbytes // SHARD_MIN_BYTES)
+    if k <= 1:
+        return [(0, count)]
+    return [(i * count // k, (i + 1) * count // k) for i in range(k)]
+
+
 async def load_verified(m: ArenaMapping, blocks: Sequence[Stored], outs: Sequence[Any],
-                        verifies: bool, nbytes: int) -> List[int]:
-    """read_verified of `nbytes` in all, in a worker thread when large (see
-    `off_loop`)."""
-    return await off_loop(nbytes, read_verified, m, blocks, outs, verifies)
+                        verifies: bool, nbytes: int, threads: int = 0) -> List[int]:
+    """read_verified of `nbytes` in all (see `batched`)."""
+    got = await batched(read_verified, len(blocks), nbytes, threads,
+                        lambda a, b: (m, blocks[a:b], outs[a:b], verifies))
+    return [a + i for a, bad in got for i in bad]
 
 
 async def save_summed(m: ArenaMapping, extents: Sequence[List[Extent]], blocks: Sequence[Any],
-                      algo: int, nbytes: int) -> Optional[List[int]]:
-    """write_summed of `nbytes` in all, in a worker thread when large (see
-    `off_loop`)."""
-    return await off_loop(nbytes, write_summed, m, extents, blocks, algo)
+                      algo: int, nbytes: int, threads: int = 0) -> Optional[List[int]]:
+    """write_summed of `nbytes` in all (see `batched`)."""
+    got = await batched(write_summed, len(blocks), nbytes, threads,
+                        lambda a, b: (m, extents[a:b], blocks[a:b], algo))
+    return None if algo == pb.CHECKSUM_NONE else [c for _, sums in got for c in sums or ()]
+
+
+async def batched(fn: Callable[..., T], count: int, nbytes: int, threads: int,
+                  args: Callable[[int, int], Tuple[Any, ...]]) -> List[Tuple[int, T]]:
+    """fn(*args(start, end)) over a batch of `count` blocks (`nbytes` in
+    all), as (start, answer) per shard: one shard, in a worker thread when
+    large (see `off_loop`); several at once, each in a worker thread, when
+    larger (see `shards`). Every shard has ended before this returns or
+    raises (the first error, once all have): none is left writing into the
+    caller's buffers."""
+    parts = shards(count, nbytes, threads)
+    if len(parts) == 1:
+        return [(0, await off_loop(nbytes, fn, *args(0, count)))]
+    got = await asyncio.gather(*(asyncio.to_thread(fn, *args(a, b)) for a, b in parts),
+                               return_exceptions=True)
+    for g in got:
+        if isinstance(g, BaseException):
+            raise g
+    return [(a, g) for (a, _), g in zip(parts, got)]
 
 
 async def off_loop(nbytes: int, fn: Callable[..., T], *args: Any) -> T:
@@ -116,9 +172,11 @@ async def off_loop(nbytes: int, fn: Callable[..., T], *args: Any) -> T:
     (the ufunc copies and the hashes drop the GIL); inline when smaller,
     where the thread hop would cost more than it frees.
 
-    One thread, not two: hashing in a helper thread while this one copies
-    (tried: pieces handed over a queue) measured 0.35-0.53x memcpy against
-    0.65-0.98x fused on this shared 2-core machine, where no core is idle."""
+    A block is copied and hashed by one thread: hashing in a helper thread
+    while another copies (tried: pieces handed over a queue) measured
+    0.35-0.53x memcpy against 0.65-0.98x fused on a shared 2-core machine.
+    Several threads pay where each copies and hashes blocks of its own
+    (`shards`)."""
     if nbytes >= OFFLOAD_BYTES:
         return await asyncio.to_thread(fn, *args)
     return fn(*args)

@@ -40,10 +40,12 @@ def _check_span(ext: List[Extent], block_bytes: int, what: str) -> None:
 class Loads:
     """The load operations of one client (see AsyncClient for their use)."""
 
-    def __init__(self, session: Session, transport: Transport, checksum_algo: int) -> None:
+    def __init__(self, session: Session, transport: Transport, checksum_algo: int,
+                 copy_threads: int = 0) -> None:
         self._session = session
         self._transport = transport
         self._verifies = checksum_algo != pb.CHECKSUM_NONE
+        self._copy_threads = copy_threads   # copies.shards: 0 = auto
         # The bulk messages go through kvkeeper.client.wire (fewer copies, same bytes).
         self._load_stream_rpc = load_stream_method(session.channel)
 
@@ -106,7 +108,8 @@ class Loads:
                 for i, (_, _, ext) in enumerate(blocks):
                     _check_span(ext, bb, f"block {i} of lease {lease_id}")
                 # Each block is verified inside its copy (kvkeeper.client.copies).
-                bad = await load_verified(m, blocks, views, self._verifies, bb * len(views))
+                bad = await load_verified(m, blocks, views, self._verifies, bb * len(views),
+                                          self._copy_threads)
                 if bad:
                     raise ChecksumError(bad)
                 return

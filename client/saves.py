@@ -49,10 +49,12 @@ class SaveResult:
 class Saves:
     """The save operation of one client (see AsyncClient.save)."""
 
-    def __init__(self, session: Session, transport: Transport, checksum_algo: int) -> None:
+    def __init__(self, session: Session, transport: Transport, checksum_algo: int,
+                 copy_threads: int = 0) -> None:
         self._session = session
         self._transport = transport
         self._checksum_algo = checksum_algo
+        self._copy_threads = copy_threads   # copies.shards: 0 = auto
         # The bulk messages go through kvkeeper.client.wire (fewer copies, same bytes).
         self._write_blocks_rpc = write_blocks_method(session.channel)
 
@@ -120,7 +122,8 @@ class Saves:
                             raise protocol_error(f"reserved slot {i} has no extents")
                     # Each block is checksummed inside its copy (kvkeeper.client.copies).
                     sums = await save_summed(m, exts, [views[i] for i in reserved], algo,
-                                             self._session.namespace.block_bytes * len(reserved))
+                                             self._session.namespace.block_bytes * len(reserved),
+                                             self._copy_threads)
                 else:
                     await self._write_stream(sid, rid, [(i, views[i]) for i in reserved],
                                              resp.pack_writes)

@@ -91,7 +91,8 @@ class Client:
     def connect(cls, url: str, namespace: NamespaceLike, *, instance_id: str = "",
                 timeout: float = 5.0, transport: str = "auto",
                 checksum: str = DEFAULT_CHECKSUM, max_retries: int = 5, call_timeout: Optional[float] = None,
-                token: Optional[str] = None, tls: TLSLike = None) -> "Client":
+                token: Optional[str] = None, tls: TLSLike = None,
+                copy_threads: int = 0) -> "Client":
         """Start the loop thread and connect there (see AsyncClient.connect).
 
         call_timeout: the most seconds one method may block; None derives it
@@ -104,7 +105,8 @@ class Client:
         fut = asyncio.run_coroutine_threadsafe(
             AsyncClient.connect(url, namespace, instance_id=instance_id, timeout=timeout,
                                 transport=transport, checksum=checksum,
-                                max_retries=max_retries, token=token, tls=tls), loop)
+                                max_retries=max_retries, token=token, tls=tls,
+                                copy_threads=copy_threads), loop)
         try:
             budget = call_timeout or _budget(timeout, max_retries, 2)
             aclient = _wait(fut, budget, "connect")

@@ -17,7 +17,11 @@ memory move each way; GB/s is 1e9 bytes per second.
   checksum computed at save and verified at load (fused with the copy:
   kvkeeper.client.copies). Against the same memcpy; xxh3 (what users get)
   carries issue 12's target, >= 0.7x (moonshot 0.9x); crc32 (blocks of older
-  clients) is informational.
+  clients) is informational. Each uses the client's default copy_threads
+  (auto: one shard per CPU this process may run on, at most 4, for batches
+  of 16 MiB or more; the copy_threads param says how many); shm_xxh3_1thread
+  (copy_threads=1) is the same save and load by one thread, informational:
+  the single memcpy baseline is one thread's.
 * stream (transport="stream", checksum="xxh3", the default: issue 12 asks for
   the stream path with checksums on): save through
   ReserveSave + WriteBlocks (client stream, chunks of the client's
@@ -55,6 +59,10 @@ PAGE_BYTES = 256 * KiB
 KEY_BYTES = 32
 # Issue 12: same-host save and load with the default checksum, >= 0.7x memcpy.
 SHM_TARGET = ">= 0.7"
+# (kind, transport, checksum, copy_threads): 0 is the client's default (auto).
+KINDS = (("shm", "shm", "none", 0), ("shm_xxh3", "shm", "xxh3", 0),
+         ("shm_crc32", "shm", "crc32", 0), ("shm_xxh3_1thread", "shm", "xxh3", 1),
+         ("stream", "stream", "xxh3", 0))
 
 
 class Scale(BlockScale):
@@ -108,12 +116,10 @@ class _SizeRun:
         from kvkeeper.client.aio import AsyncClient
 
         ns = {"model_id": "bench-data", "block_tokens": 16, "block_bytes": self.bs}
-        for kind, transport, checksum in (("shm", "shm", "none"), ("shm_xxh3", "shm", "xxh3"),
-                                          ("shm_crc32", "shm", "crc32"),
-                                          ("stream", "stream", "xxh3")):
+        for kind, transport, checksum, threads in KINDS:
             self.clients[kind] = await AsyncClient.connect(
                 self.kvk.url, ns, transport=transport, checksum=checksum, timeout=120,
-                instance_id=f"bench-{kind}")
+                instance_id=f"bench-{kind}", copy_threads=threads)
 
     async def close(self) -> None:
         for cl in self.clients.values():
@@ -203,6 +209,8 @@ class _SizeRun:
             "shm": (lambda: self.kv_save("shm"), lambda: self.kv_load("shm")),
             "shm_xxh3": (lambda: self.kv_save("shm_xxh3"), lambda: self.kv_load("shm_xxh3")),
             "shm_crc32": (lambda: self.kv_save("shm_crc32"), lambda: self.kv_load("shm_crc32")),
+            "shm_xxh3_1thread": (lambda: self.kv_save("shm_xxh3_1thread"),
+                                 lambda: self.kv_load("shm_xxh3_1thread")),
             "stream": (lambda: self.kv_save("stream"), lambda: self.kv_load("stream")),
             "raw": (self.raw_save, self.raw_load),
         }
@@ -258,15 +266,19 @@ def _results(times: dict[str, dict[str, list[float]]], n: int, bs: int, label: s
              save_chunk: int, load_chunk: int, scale: Scale) -> list[Result]:
     nbytes = n * bs
     g = {k: {d: _gbps(nbytes, median(v)) for d, v in dirs.items()} for k, dirs in times.items()}
+    from kvkeeper.client.copies import copy_threads, shards
+
     base = {"block_bytes": bs, "blocks": n, "bytes": nbytes, "reps": scale.reps,
             "page_bytes": PAGE_BYTES}
+    # The threads a default client copied this batch with (copies.shards).
+    auto = len(shards(n, nbytes, copy_threads()))
     out = []
     for d in ("save", "load"):
         out.append(Result(
             name=f"data.shm.{d}_gbps.{label}", value=g["shm"][d], unit="GB/s",
             baseline_name="np.copyto of the same blocks", baseline_value=g["memcpy"][d],
             better="higher", target=None,
-            params={**base, "transport": "shm", "checksum": "none"},
+            params={**base, "transport": "shm", "checksum": "none", "copy_threads": auto},
             note=("AsyncClient.save (ReserveSave + copy into the arena + CommitSave)" if d == "save"
                   else "AsyncClient.load_into (Load + copy out of the arena); match/release untimed")))
     for d in ("save", "load"):
@@ -280,14 +292,17 @@ def _results(times: dict[str, dict[str, list[float]]], n: int, bs: int, label: s
             note=("ReserveSave + WriteBlocks + CommitSave" if d == "save"
                   else "LoadStream (packed chunks where blocks fit twice) into preallocated "
                        "buffers; match/release untimed")))
-    for kind, algo, target in (("shm_xxh3", "xxh3", SHM_TARGET), ("shm_crc32", "crc32", None)):
+    for kind, algo, target, threads in (("shm_xxh3", "xxh3", SHM_TARGET, auto),
+                                        ("shm_crc32", "crc32", None, auto),
+                                        ("shm_xxh3_1thread", "xxh3", None, 1)):
         for d in ("save", "load"):
             out.append(Result(
                 name=f"data.{kind}.{d}_gbps.{label}", value=g[kind][d], unit="GB/s",
                 baseline_name="np.copyto of the same blocks", baseline_value=g["memcpy"][d],
                 better="higher", target=target,
-                params={**base, "transport": "shm", "checksum": algo},
-                note=f"as data.shm, with {algo.upper()} computed at save / verified at load"))
+                params={**base, "transport": "shm", "checksum": algo, "copy_threads": threads},
+                note=f"as data.shm, with {algo.upper()} computed at save / verified at load, "
+                     f"copied by {threads} thread{'s' if threads > 1 else ''}"))
     return out
 
 

@@ -132,6 +132,65 @@ async def test_large_batches_give_the_same_answers_off_the_loop(arena, mapping):
         assert await copies.load_verified(mapping, stored, outs, True, nbytes) == [3]
 
 
+def test_shards_split_large_batches_by_threads_and_size(monkeypatch):
+    mb = copies.SHARD_MIN_BYTES
+    assert copies.shards(8, 8 * mb, 1) == [(0, 8)]
+    assert copies.shards(8, 8 * mb, 3) == [(0, 2), (2, 5), (5, 8)]
+    assert copies.shards(8, 2 * mb - 1, 4) == [(0, 8)]     # a shard would be too small
+    assert copies.shards(3, 64 * mb, 4) == [(0, 1), (1, 2), (2, 3)]   # never an empty one
+    assert copies.shards(0, 0, 4) == [(0, 0)]
+    monkeypatch.setattr(copies.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7})
+    assert copies.copy_threads() == copies.MAX_COPY_THREADS
+    assert copies.copy_threads(6) == 6
+    monkeypatch.setattr(copies.os, "sched_getaffinity", lambda pid: {3})
+    assert copies.copy_threads() == 1
+
+
+@pytest.mark.parametrize("threads", [2, 3, 4])
+async def test_sharded_copies_give_the_same_answers(arena, mapping, monkeypatch, threads):
+    """Several threads, a shard of the blocks each: the same checksums in
+    order, and bad blocks named by their index in the whole batch."""
+    monkeypatch.setattr(copies, "SHARD_MIN_BYTES", BLOCK)
+    assert len(copies.shards(N, N * BLOCK, threads)) == min(threads, N)
+    blocks, refs = _saved(arena, mapping, [XXH, CRC, XXH, CRC])
+    exts = [_extents(arena, i) for i in range(N)]
+    assert await copies.save_summed(mapping, exts, blocks, XXH, N * BLOCK, threads) == \
+        [xxh3_64(b) for b in blocks]
+    assert await copies.save_summed(mapping, exts, blocks, NONE, N * BLOCK, threads) is None
+    _, refs = _saved(arena, mapping, [XXH, CRC, XXH, CRC])
+    stored = copies.stored(refs)
+    _flip(arena, refs[1], 3)
+    _flip(arena, refs[3], BLOCK - 1)
+    outs = [np.zeros(BLOCK, np.uint8) for _ in range(N)]
+    assert await copies.load_verified(mapping, stored, outs, True, N * BLOCK, threads) == [1, 3]
+    assert np.array_equal(outs[0], blocks[0]) and np.array_equal(outs[2], blocks[2])
+
+
+async def test_a_failing_shard_raises_after_every_shard_ended(arena, mapping, monkeypatch):
+    import time
+
+    monkeypatch.setattr(copies, "SHARD_MIN_BYTES", BLOCK)
+    _, refs = _saved(arena, mapping, [XXH] * N)
+    stored = copies.stored(refs)
+    stored[0] = (XXH, 0, [(0, BLOCK)])          # the header: refused
+    ended = []
+    real = copies.read_verified
+
+    def slow(m, blocks, outs, verifies):
+        try:
+            if blocks[0][2][0][0] != 0:
+                time.sleep(0.2)                 # the good shard ends well after the bad one
+            return real(m, blocks, outs, verifies)
+        finally:
+            ended.append(blocks[0][2][0][0])
+
+    monkeypatch.setattr(copies, "read_verified", slow)
+    outs = [np.zeros(BLOCK, np.uint8) for _ in range(N)]
+    with pytest.raises(ValueError, match="outside the data region"):
+        await copies.load_verified(mapping, stored, outs, True, N * BLOCK, 2)
+    assert len(ended) == 2
+
+
 @pytest.mark.parametrize("ext", [[(0, BLOCK)], [(HEADER_BYTES, BLOCK - 1)],
                                  [(HEADER_BYTES, BLOCK), (HEADER_BYTES, 1)]],
                          ids=["header", "short", "long"])

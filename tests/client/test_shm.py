@@ -329,6 +329,42 @@ def test_copies_at_every_relative_alignment(arena, mapping, page_offset):
     assert not raw[dst.ctypes.data - raw.ctypes.data + n:].any()
 
 
+@pytest.mark.parametrize("page_offset", [0, 1, 16, 63, 64, 2048, 4065, 4095])
+def test_block_copies_at_every_relative_alignment(arena, mapping, page_offset, monkeypatch):
+    # copy_run (the batch path, checksum fused): right bytes and checksum at
+    # every distance, and never a memmove where page aliasing makes it crawl.
+    import kvkeeper.client.arena_format as af
+    from kvkeeper.client.checksum import Hasher, xxh3_64
+
+    crawling = []
+    real_copyto = np.copyto
+
+    def copyto(dst, src):
+        if 0 < (dst.ctypes.data - src.ctypes.data) % 4096 < 64 and dst.nbytes >= 2048:
+            crawling.append(dst.nbytes)
+        real_copyto(dst, src)
+
+    monkeypatch.setattr(af.np, "copyto", copyto)
+    monkeypatch.setattr(af, "PIECE_BYTES", 2 * PB)   # several pieces per extent
+    n = 3 * PB + 3000
+    ext = arena.extents((9, 10, 4, 60), 4, n)
+    raw = np.zeros(n + 8192, np.uint8)
+    data = np.random.default_rng(page_offset).integers(0, 256, n, dtype=np.uint8)
+    src = _at_page_offset(raw, page_offset, n)
+    src[:] = data
+    h = Hasher(pb.CHECKSUM_XXH3_64)
+    mapping.write_block(ext, src, h.feed)
+    assert arena.read(ext) == data.tobytes() and h.digest() == xxh3_64(data)
+    raw[:] = 0
+    dst = _at_page_offset(raw, page_offset, n)
+    h = Hasher(pb.CHECKSUM_XXH3_64)
+    mapping.read_block(ext, dst, h.feed)
+    assert np.array_equal(dst, data) and h.digest() == xxh3_64(data)
+    assert not raw[:dst.ctypes.data - raw.ctypes.data].any()  # nothing outside dst
+    assert not raw[dst.ctypes.data - raw.ctypes.data + n:].any()
+    assert crawling == []
+
+
 def test_address_hint_matches_numpy():
     # The copy path choice relies on it; a wrong address would only cost speed.
     from kvkeeper.client.arena_format import address as _address

@@ -108,6 +108,34 @@ async def test_corrupted_block_is_reported_not_served(daemon: Any) -> None:
         await c.close()
 
 
+async def test_copies_in_shards_through_the_daemon(daemon: Any, monkeypatch: Any) -> None:
+    """copy_threads: a batch copied by several threads saves the same
+    checksums and names a corrupted block by its place in the lease."""
+    from kvkeeper.client import copies
+
+    monkeypatch.setattr(copies, "SHARD_MIN_BYTES", BLOCK)
+    url = f"unix://{daemon.socket_path}"
+    for bad in (-1, 1.5, "2", True):
+        with pytest.raises(ValueError, match="copy_threads"):
+            await AsyncClient.connect(url, ns(), copy_threads=bad)
+    c = await AsyncClient.connect(url, ns(), transport="shm", copy_threads=3)
+    try:
+        ks, bs = keys(7), blocks(7, seed=4)
+        assert (await c.save(ks, bs)).committed == 7
+        blk = daemon.ledger.block(c.namespace_id, ks[5])
+        off, _ = daemon.arena.extents(blk.pages, blk.ns.pages_per_block, BLOCK)[0]
+        daemon.arena.view(off + BLOCK - 1, 1)[0] ^= 0x40
+        m = await c.match(ks, lease=True)
+        outs = [bytearray(BLOCK) for _ in range(7)]
+        with pytest.raises(ChecksumError) as info:
+            await c.load_into(m.lease_id, outs)
+        assert info.value.bad_indices == [5]
+        assert [bytes(o) for i, o in enumerate(outs) if i != 5] == bs[:5] + bs[6:]
+        await c.release(m.lease_id)
+    finally:
+        await c.close()
+
+
 async def test_closed_session_releases_its_leases(daemon: Any) -> None:
     url = f"unix://{daemon.socket_path}"
     c = await AsyncClient.connect(url, ns())
