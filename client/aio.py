@@ -73,6 +73,7 @@ class AsyncClient:
         self._health = health_pb2_grpc.HealthStub(channel)
         self._timeout = timeout
         self._transport = transport
+        self._copy_threads = copy_threads
         self._session = Session(channel, namespace, instance_id=instance_id, timeout=timeout,
                                 max_retries=max_retries, metadata=metadata,
                                 on_arena=transport.update)
@@ -178,6 +179,11 @@ class AsyncClient:
     def transport(self) -> str:
         """The byte path in use now: "shm" or "stream"."""
         return self._transport.name
+
+    @property
+    def copy_threads(self) -> int:
+        """As given to connect (0: auto; see kvkeeper.client.copies.copy_threads)."""
+        return self._copy_threads
 
     @property
     def arena_id(self) -> Optional[bytes]:

@@ -196,6 +196,10 @@ class Client:
         return self._aclient.transport
 
     @property
+    def copy_threads(self) -> int:
+        return self._aclient.copy_threads
+
+    @property
     def arena_id(self) -> Optional[bytes]:
         return self._aclient.arena_id
 

@@ -121,6 +121,9 @@ class DaemonLink:
         self._max_retries = max_retries
         self._transport = transport
         self._checksum = checksum
+        # Threads a large save or load copies with (client/copies.py; 0: auto);
+        # set before the first connect, which passes it on.
+        self.copy_threads = 0
         self._min = reconnect_min_s
         self._max = reconnect_max_s
         self._connect = connect or Client.connect
@@ -226,6 +229,7 @@ class DaemonLink:
             client = self._connect(self.url, self.namespace, instance_id=self._instance_id,
                                    timeout=self._timeout, transport=self._transport,
                                    checksum=self._checksum, max_retries=self._max_retries,
+                                   copy_threads=self.copy_threads,
                                    call_timeout=self._timeout * (self._max_retries + 2) + 1.0)
         except Exception as e:
             with self._lock:

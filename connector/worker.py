@@ -39,7 +39,7 @@ import torch
 from .blocks import BlockCodec, LayoutMismatch
 from .config import ConnectorConfig
 from .cpus import spare_cpus
-from .gpu import cuda_load_strategy
+from .gpu import cuda_load_strategy, on_cuda
 from .io_thread import IoThread
 from .layout import KVLayout
 from .link import DaemonLink
@@ -117,6 +117,10 @@ class WorkerSide:
         self.load_strategy = (cuda_load_strategy(loader, self._io, self.link)
                               or strategy(loader, self._io))
         if self.link is not None:
+            # A CPU engine's forward owns its cores: saves copy with one thread
+            # a spare core (none: one thread beside the forward); a CUDA
+            # worker's host cores are the client's to use (auto).
+            self.link.copy_threads = 0 if on_cuda(self.codec) else max(1, len(spare_cpus()))
             # Connect from the I/O thread, so that the client's threads run where it does.
             ready = self._io.submit(self._connect)
             self._saver = SaveThread(self.link, self.codec, self.cfg.max_pending_save_bytes,

@@ -345,6 +345,10 @@ def test_where_loads_are_copied(daemon: DaemonProcess, monkeypatch: pytest.Monke
     try:
         assert w.load_strategy.beside_forward is beside
         assert w.load_strategy.name == name
+        # Saves copy with a thread per spare core, one where there is none
+        # (a CPU engine's forward owns its cores); the client was made with it.
+        assert w.link.copy_threads == max(1, spare)
+        assert w.link.call(lambda c: c.copy_threads, "t") == max(1, spare)
     finally:
         w.shutdown()
 
