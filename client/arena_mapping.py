@@ -30,7 +30,7 @@ import numpy as np
 from .arena_format import (HEADER_STRUCT, Extent, Update, byte_view, copy_run, extents_in,
                            gather_into, parse_header, scatter_from)
 
-__all__ = ["ArenaMapping", "file_id", "map_file", "populate"]
+__all__ = ["ArenaMapping", "POPULATE_STEP", "file_id", "map_file", "populate"]
 
 
 def map_file(fd: int, size_bytes: int) -> mmap.mmap:

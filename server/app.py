@@ -45,7 +45,7 @@ from .peer.service import PeerService
 from .security.access import give_group, resolve_group
 from .security.auth import AuthInterceptor, AuthPolicy, check_exposure, server_credentials
 from .security.tokens import TokenTable, load_tokens
-from .tiers.arena import Arena
+from .tiers.arena import Arena, ArenaSpaceError
 from .tiers.disk_tier import DiskTier
 from .version import package_version
 from .tiers.stack import LowerTier, TierStack
@@ -98,7 +98,16 @@ class Daemon:
             # Before the arena: a second daemon with the same config must fail
             # here, not after replacing the live daemon's arena file.
             _claim_socket_path(os.path.abspath(config.listen.socket))
-        self.arena = Arena.create(os.path.join(ht.shm_dir, name), ht.capacity_bytes, ht.page_bytes)
+        t0 = time.perf_counter()
+        try:
+            self.arena = Arena.create(os.path.join(ht.shm_dir, name), ht.capacity_bytes,
+                                      ht.page_bytes, prefault_pages=ht.prefault)
+        except ArenaSpaceError as e:
+            raise ConfigError(e.strerror, key="host_tier.capacity_bytes",
+                              source=config.source_of("host_tier.capacity_bytes")) from None
+        if ht.prefault:
+            log.info("host tier: %.2f GiB of pages allocated and mapped in %.2fs "
+                     "(host_tier.prefault)", ht.capacity_bytes / 2**30, time.perf_counter() - t0)
         # Whoever may use the socket may map the arena (same-host fast path).
         try:
             os.chmod(self.arena.path, config.listen.socket_mode & 0o660)

@@ -62,6 +62,10 @@ class HostTierSection:
                            min=PAGE_ALIGN)
     shm_dir: str = _opt("/dev/shm", "dir", "directory that holds the segment")
     name: str = _opt("", "shm_name", "segment file name; \"\" means kvkeeper-<pid>")
+    prefault: bool = _opt(True, "bool", "allocate and map every page of the segment at start-up "
+                          "(~0.4 s per GiB): a too small shm_dir fails the start instead of "
+                          "killing a later writer with SIGBUS, and no load or save takes a "
+                          "page fault; false: pages are taken as blocks first fill them")
 
     def segment_name(self, pid: Optional[int] = None) -> str:
         """The segment's file name: `name`, or kvkeeper-<pid> when it is empty."""

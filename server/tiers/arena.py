@@ -20,11 +20,23 @@ path. The copies (`write`, `read`, `read_into`, from the mapping class both
 sides share, kvkeeper.client.arena_mapping.ArenaMapping) serve the streaming
 path, for clients that cannot map the file, and the disk tier.
 
-The file is created sparse (ftruncate) so pages are backed by memory only when
-first touched.
+The file is created sparse (ftruncate). With `prefault` (host_tier.prefault,
+the default) every page is then allocated and mapped at once
+(MADV_POPULATE_WRITE), for two reasons:
+* a /dev/shm too small for the arena fails the start with a message that says
+  so, where a sparse file would kill whoever first writes a page past the
+  tmpfs's room with SIGBUS (a vLLM worker saving a block, say);
+* a client maps the pages that hold data when it attaches (arena_mapping's
+  populate), now all of them: no load or save takes a page fault. A first
+  read through a fresh mapping ran at 0.7x a mapped one here (4 KiB faults).
+It costs ~0.4 s per GiB at start-up, and the arena's memory is taken then
+rather than as blocks fill it (a cache of a configured size: vLLM allocates
+its own KV cache the same way).
 """
 from __future__ import annotations
 
+import errno
+import mmap
 import os
 from operator import index as _index
 
@@ -33,10 +45,55 @@ from ..ledger.pages import Pages, page_runs
 
 from kvkeeper.client.arena_format import (ARENA_ID_BYTES, FORMAT_VERSION, HEADER_BYTES, MAGIC, PAGE_ALIGN,
                                           Extent, write_header)
-from kvkeeper.client.arena_mapping import ArenaMapping, file_id, map_file
+from kvkeeper.client.arena_mapping import POPULATE_STEP, ArenaMapping, file_id, map_file
 
 # FORMAT_VERSION, HEADER_BYTES, MAGIC: the layout, for callers that check the file.
-__all__ = ["Arena", "PAGE_ALIGN", "FORMAT_VERSION", "HEADER_BYTES", "MAGIC"]
+__all__ = ["Arena", "ArenaSpaceError", "PAGE_ALIGN", "FORMAT_VERSION", "HEADER_BYTES", "MAGIC",
+           "prefault"]
+
+# madvise(MADV_POPULATE_WRITE), Linux 5.14+ (Python 3.11's mmap has no name for it).
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+
+
+class ArenaSpaceError(OSError):
+    """The arena's directory (a tmpfs) cannot hold the whole arena."""
+
+
+def prefault(mm: mmap.mmap, fd: int, path: str, size_bytes: int) -> str:
+    """Allocate every page of the file `fd` (mapped whole as `mm`) and map it
+    in `mm`: "populated"; where the kernel cannot populate (before 5.14),
+    allocate the file's blocks only (posix_fallocate): "allocated".
+    ArenaSpaceError when the filesystem cannot hold them all."""
+    def no_room() -> ArenaSpaceError:
+        try:
+            st = os.statvfs(os.path.dirname(path) or ".")
+            free = f"{st.f_bavail * st.f_frsize / 2**30:.2f} GiB free there now"
+        except OSError:
+            free = "its free space unknown"
+        return ArenaSpaceError(
+            errno.ENOSPC,
+            f"the host tier's arena needs {size_bytes / 2**30:.2f} GiB in "
+            f"{os.path.dirname(path)} ({free}): lower host_tier.capacity_bytes or enlarge that "
+            "tmpfs (docker: --shm-size; Kubernetes: the node's /dev/shm)")
+
+    try:
+        for off in range(0, size_bytes, POPULATE_STEP):
+            mm.madvise(MADV_POPULATE_WRITE, off, min(POPULATE_STEP, size_bytes - off))
+        return "populated"
+    except OSError as e:
+        if e.errno in (errno.EFAULT, errno.ENOMEM, errno.ENOSPC):   # EFAULT: it would SIGBUS
+            raise no_room() from None
+        if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise
+    try:
+        os.posix_fallocate(fd, 0, size_bytes)
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise no_room() from None
+        if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+        return "sparse"
+    return "allocated"
 
 
 
@@ -48,8 +105,10 @@ class Arena(ArenaMapping):
     __slots__ = ()
 
     @classmethod
-    def create(cls, path: str, size_bytes: int, page_bytes: int) -> "Arena":
-        """Create (or replace) the arena file at `path` and map it."""
+    def create(cls, path: str, size_bytes: int, page_bytes: int,
+               prefault_pages: bool = False) -> "Arena":
+        """Create (or replace) the arena file at `path` and map it; with
+        `prefault_pages`, every page allocated and mapped now (`prefault`)."""
         try:
             page_bytes, size_bytes = _index(page_bytes), _index(size_bytes)
         except TypeError:
@@ -74,6 +133,12 @@ class Arena(ArenaMapping):
             st = os.fstat(fd)
             os.ftruncate(fd, size_bytes)
             mm = map_file(fd, size_bytes)
+            if prefault_pages:
+                try:
+                    prefault(mm, fd, path, size_bytes)
+                except BaseException:
+                    mm.close()
+                    raise
         except BaseException:
             os.close(fd)
             try:

@@ -413,6 +413,30 @@ def test_attach_prefaults_the_pages_that_hold_data(shm_path):
         a.close()
 
 
+@pytest.mark.skipif(tuple(int(x) for x in re.findall(r"\d+", os.uname().release)[:2]) < (5, 14),
+                    reason="MADV_POPULATE_WRITE needs Linux 5.14")
+def test_a_prefaulted_arena_is_allocated_and_a_client_maps_every_page(shm_path):
+    """host_tier.prefault: the daemon allocates every page at creation; a
+    client attaching then maps them all, so even a page no block was ever
+    written to reads (and writes) without a fault."""
+    pages = 1024
+    a = Arena.create(shm_path, HEADER_BYTES + pages * PB, PB, prefault_pages=True)
+    try:
+        assert os.stat(shm_path).st_blocks * 512 >= a.size_bytes
+        cold = ShmMapping.attach(a.path, a.size_bytes, a.arena_id, prefault=False)
+        warm = ShmMapping.attach(a.path, a.size_bytes, a.arena_id)
+        try:
+            _faults_reading(b"warm-up")
+            span = (HEADER_BYTES + 512 * PB, 256 * PB)   # never written by anyone
+            assert _faults_reading(cold.view(*span)) > 0
+            assert _faults_reading(warm.view(*span)) == 0
+        finally:
+            cold.close()
+            warm.close()
+    finally:
+        a.close()
+
+
 # ---- gather_readonly: the loads' views of many blocks at once
 
 def test_views_are_the_blocks_bytes_and_read_only(arena, mapping):

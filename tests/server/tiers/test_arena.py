@@ -310,3 +310,58 @@ def test_copies_at_every_relative_alignment(arena, page_offset):
     arena.read_into(ext, dst)
     assert np.array_equal(dst, data)
     assert int(raw.sum()) == int(data.sum())  # nothing written outside dst
+
+
+def test_prefault_says_when_the_directory_has_no_room(shm_path, monkeypatch):
+    """EFAULT from MADV_POPULATE_WRITE is the SIGBUS a write would have
+    taken: a clear error naming the size and the fix; a kernel without
+    populate falls back to allocating the file's blocks."""
+    import errno
+
+    from kvkeeper.server.tiers import arena as arena_mod
+
+    class Mm:
+        def __init__(self, err):
+            self.err = err
+
+        def madvise(self, *a):
+            raise OSError(self.err, "x")
+
+    fd = os.open(shm_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        with pytest.raises(arena_mod.ArenaSpaceError, match="needs 1.00 GiB in .*--shm-size"):
+            arena_mod.prefault(Mm(errno.EFAULT), fd, shm_path, 1 << 30)
+        os.ftruncate(fd, 64 * PB)
+        assert arena_mod.prefault(Mm(errno.EINVAL), fd, shm_path, 64 * PB) == "allocated"
+        assert os.fstat(fd).st_blocks * 512 >= 64 * PB
+        monkeypatch.setattr(arena_mod.os, "posix_fallocate",
+                            lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+        with pytest.raises(arena_mod.ArenaSpaceError, match="host_tier.capacity_bytes"):
+            arena_mod.prefault(Mm(errno.EINVAL), fd, shm_path, 64 * PB)
+    finally:
+        os.close(fd)
+
+
+async def test_a_daemon_whose_arena_does_not_fit_refuses_to_start(daemon_config, monkeypatch):
+    """The start fails as a configuration error on host_tier.capacity_bytes
+    (exit status 2), and leaves no arena file behind."""
+    import errno
+
+    from kvkeeper.server.app import create_server
+    from kvkeeper.server.config import ConfigError
+    from kvkeeper.server.tiers import arena as arena_mod
+
+    def full(mm, fd, path, size):
+        raise arena_mod.ArenaSpaceError(errno.ENOSPC, f"the host tier's arena needs {size} B")
+
+    monkeypatch.setattr(arena_mod, "prefault", full)
+    cfg = daemon_config(**{"host_tier.name": f"kvk-nofit-{os.getpid()}"})
+    with pytest.raises(ConfigError, match="arena needs") as info:
+        create_server(cfg)
+    assert info.value.key == "host_tier.capacity_bytes"
+    assert not os.path.exists(os.path.join(cfg.host_tier.shm_dir, cfg.host_tier.name))
+    cfg = daemon_config(**{"host_tier.name": f"kvk-nofit-{os.getpid()}",
+                           "host_tier.prefault": False})
+    daemon, _ = create_server(cfg)    # not asked to prefault: starts
+    await daemon.start()
+    await daemon.stop(0)
