@@ -39,6 +39,7 @@ from .ops import grpclog, logsetup
 from .ops.gcpolicy import GcPolicy
 from .ops.reload import plan_reload
 from .ops.sdnotify import notify as sd_notify
+from .ops.sdnotify import start_progress
 from .ops.watch import CounterWatch
 from .peer.metrics import PeerCollector
 from .peer.service import PeerService
@@ -101,7 +102,9 @@ class Daemon:
         t0 = time.perf_counter()
         try:
             self.arena = Arena.create(os.path.join(ht.shm_dir, name), ht.capacity_bytes,
-                                      ht.page_bytes, prefault_pages=ht.prefault)
+                                      ht.page_bytes, prefault_pages=ht.prefault,
+                                      progress=start_progress("prefaulting the arena",
+                                                              ht.capacity_bytes))
         except ArenaSpaceError as e:
             raise ConfigError(e.strerror, key="host_tier.capacity_bytes",
                               source=config.source_of("host_tier.capacity_bytes")) from None

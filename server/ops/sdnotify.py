@@ -6,6 +6,7 @@ $NOTIFY_SOCKET; the service sends newline-separated assignments to it:
     READY=1        start-up is finished (listeners bound, tiers ready)
     STOPPING=1     shutdown has begun
     STATUS=...     one line of free text shown by `systemctl status`
+    EXTEND_TIMEOUT_USEC=N  a long start-up is still going: N more us (systemd 236+)
 
 The address is a filesystem path ("/run/systemd/notify") or, when it starts
 with "@", a name in the abstract namespace (the "@" stands for a leading NUL
@@ -20,7 +21,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from typing import Mapping, Optional
+import time
+from typing import Callable, Mapping, Optional
 
 log = logging.getLogger("kvkeeper")
 
@@ -63,3 +65,28 @@ def notify(state: str, env: Optional[Mapping[str, str]] = None) -> bool:
                     address.replace("\0", "@"), exc)
         return False
     return True
+
+
+# A long start-up step (prefaulting a large arena: ~0.4 s per GiB) pushes
+# systemd's start timeout (the unit's TimeoutStartSec=60) this far ahead every
+# START_NOTE_EVERY_S, so it is not killed before READY=1.
+START_EXTEND_S = 30.0
+START_NOTE_EVERY_S = 5.0
+
+
+def start_progress(what: str, total: int,
+                   clock: Callable[[], float] = time.monotonic,
+                   send: Optional[Callable[[str], bool]] = None) -> Callable[[int], None]:
+    """A progress(done) callback for a start-up step of `total` bytes: at
+    most every START_NOTE_EVERY_S, EXTEND_TIMEOUT_USEC and a STATUS line
+    saying how far `what` got."""
+    last = [clock()]
+    out = send or notify
+
+    def progress(done: int) -> None:
+        now = clock()
+        if now - last[0] >= START_NOTE_EVERY_S:
+            last[0] = now
+            out(f"EXTEND_TIMEOUT_USEC={int(START_EXTEND_S * 1e6)}\n"
+                f"STATUS={what}: {done / 2**30:.1f} of {total / 2**30:.1f} GiB")
+    return progress

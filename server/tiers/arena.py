@@ -39,6 +39,7 @@ import errno
 import mmap
 import os
 from operator import index as _index
+from typing import Callable, Optional
 
 
 from ..ledger.pages import Pages, page_runs
@@ -59,11 +60,14 @@ class ArenaSpaceError(OSError):
     """The arena's directory (a tmpfs) cannot hold the whole arena."""
 
 
-def prefault(mm: mmap.mmap, fd: int, path: str, size_bytes: int) -> str:
+def prefault(mm: mmap.mmap, fd: int, path: str, size_bytes: int,
+             progress: Optional[Callable[[int], None]] = None) -> str:
     """Allocate every page of the file `fd` (mapped whole as `mm`) and map it
     in `mm`: "populated"; where the kernel cannot populate (before 5.14),
     allocate the file's blocks only (posix_fallocate): "allocated".
-    ArenaSpaceError when the filesystem cannot hold them all."""
+    ArenaSpaceError when the filesystem cannot hold them all. `progress`
+    is called with the bytes done after each step (a large arena takes a
+    while: the daemon extends systemd's start timeout from it)."""
     def no_room() -> ArenaSpaceError:
         try:
             st = os.statvfs(os.path.dirname(path) or ".")
@@ -78,7 +82,10 @@ def prefault(mm: mmap.mmap, fd: int, path: str, size_bytes: int) -> str:
 
     try:
         for off in range(0, size_bytes, POPULATE_STEP):
-            mm.madvise(MADV_POPULATE_WRITE, off, min(POPULATE_STEP, size_bytes - off))
+            n = min(POPULATE_STEP, size_bytes - off)
+            mm.madvise(MADV_POPULATE_WRITE, off, n)
+            if progress is not None:
+                progress(off + n)
         return "populated"
     except OSError as e:
         if e.errno in (errno.EFAULT, errno.ENOMEM, errno.ENOSPC):   # EFAULT: it would SIGBUS
@@ -106,9 +113,11 @@ class Arena(ArenaMapping):
 
     @classmethod
     def create(cls, path: str, size_bytes: int, page_bytes: int,
-               prefault_pages: bool = False) -> "Arena":
+               prefault_pages: bool = False,
+               progress: Optional[Callable[[int], None]] = None) -> "Arena":
         """Create (or replace) the arena file at `path` and map it; with
-        `prefault_pages`, every page allocated and mapped now (`prefault`)."""
+        `prefault_pages`, every page allocated and mapped now (`prefault`,
+        which calls `progress`)."""
         try:
             page_bytes, size_bytes = _index(page_bytes), _index(size_bytes)
         except TypeError:
@@ -135,7 +144,7 @@ class Arena(ArenaMapping):
             mm = map_file(fd, size_bytes)
             if prefault_pages:
                 try:
-                    prefault(mm, fd, path, size_bytes)
+                    prefault(mm, fd, path, size_bytes, progress)
                 except BaseException:
                     mm.close()
                     raise

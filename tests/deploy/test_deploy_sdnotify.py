@@ -87,6 +87,24 @@ def health(sock: Path) -> str:
     return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
 
 
+def test_a_long_start_up_step_extends_the_start_timeout() -> None:
+    """Prefaulting a large arena takes ~0.4 s per GiB: every few seconds of
+    it push systemd's TimeoutStartSec ahead and say how far it got."""
+    now = [0.0]
+    sent: list = []
+    progress = sdnotify.start_progress("prefaulting the arena", 8 << 30, clock=lambda: now[0],
+                                       send=lambda s: sent.append(s) or True)
+    progress(1 << 30)
+    assert sent == []                       # under START_NOTE_EVERY_S: nothing yet
+    now[0] = sdnotify.START_NOTE_EVERY_S
+    progress(2 << 30)
+    now[0] += 1.0
+    progress(3 << 30)
+    assert sent == [f"EXTEND_TIMEOUT_USEC={int(sdnotify.START_EXTEND_S * 1e6)}\n"
+                    "STATUS=prefaulting the arena: 2.0 of 8.0 GiB"]
+    assert sdnotify.START_EXTEND_S > sdnotify.START_NOTE_EVERY_S
+
+
 @pytest.mark.parametrize("kind", ["path", "abstract"])
 def test_serve_notifies_ready_then_stopping(shortdir: Path, kind: str) -> None:
     address = (str(shortdir / "notify") if kind == "path"

@@ -351,7 +351,7 @@ async def test_a_daemon_whose_arena_does_not_fit_refuses_to_start(daemon_config,
     from kvkeeper.server.config import ConfigError
     from kvkeeper.server.tiers import arena as arena_mod
 
-    def full(mm, fd, path, size):
+    def full(mm, fd, path, size, progress=None):
         raise arena_mod.ArenaSpaceError(errno.ENOSPC, f"the host tier's arena needs {size} B")
 
     monkeypatch.setattr(arena_mod, "prefault", full)
@@ -365,3 +365,19 @@ async def test_a_daemon_whose_arena_does_not_fit_refuses_to_start(daemon_config,
     daemon, _ = create_server(cfg)    # not asked to prefault: starts
     await daemon.start()
     await daemon.stop(0)
+
+
+@pytest.mark.skipif(tuple(int(x) for x in __import__("re").findall(r"\d+", os.uname().release)[:2])
+                    < (5, 14), reason="MADV_POPULATE_WRITE needs Linux 5.14")
+def test_prefault_reports_its_progress(shm_path, monkeypatch):
+    from kvkeeper.server.tiers import arena as arena_mod
+
+    monkeypatch.setattr(arena_mod, "POPULATE_STEP", 16 * PB)
+    done = []
+    a = Arena.create(shm_path, HEADER_BYTES + 40 * PB, PB, prefault_pages=True,
+                     progress=done.append)
+    try:
+        assert done == [16 * PB, 32 * PB, a.size_bytes]
+        assert os.stat(shm_path).st_blocks * 512 >= a.size_bytes
+    finally:
+        a.close()
