@@ -254,7 +254,8 @@ class AsyncClient:
 
     async def load_into(self, lease_id: int, outs: Sequence[Any]) -> None:
         """Copy the lease's blocks into `outs` (writable C-contiguous buffers of
-        at least block_bytes each, one per leased block, in lease order).
+        at least block_bytes each, one per leased block, in lease order, none
+        overlapping another: a large load fills them from several threads).
         On ChecksumError every buffer is filled; the bad ones are listed."""
         await self._loads.load_into(lease_id, outs)
 
