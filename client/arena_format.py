@@ -193,26 +193,26 @@ Update = Callable[[Any], Any]
 """A running checksum's update, fed the pieces of a block in order."""
 
 
-def copy_run(arena: np.ndarray, lo: int, hi: int, ext: list[Extent], block: np.ndarray,
-             into_arena: bool, update: Optional[Update]) -> None:
+def copy_run(arena: np.ndarray, base: int, lo: int, hi: int, ext: list[Extent],
+             block: np.ndarray, into_arena: bool, update: Optional[Update]) -> None:
     """Copy a whole block between `block` (a flat uint8 array of exactly the
     block's size) and its extents `ext` of `arena` (the mapping as a flat
-    uint8 array; each extent must lie in [lo, hi)), into the arena or out
-    of it. With `update`, feed it the block's bytes piece by piece as they
+    uint8 array whose first byte is at address `base`; each extent must lie
+    in [lo, hi)), into the arena or out of it. With `update`, feed it the block's bytes piece by piece as they
     are copied: the destination's on the way out (what a reader gets is
     what gets checked), the source's on the way in (what a writer gave).
 
     Each piece is one np.copyto (a memmove: 0.77x memcpy with XXH3-64 fused
     in `kvkeeper bench data`, against 0.70x through a ufunc loop), or one
     ufunc pass (np.positive) where the source/destination distance would
-    make memmove crawl (above): the addresses come once per call and per
-    block, so the check is integer arithmetic per piece. Both drop the GIL
+    make memmove crawl (above): the mapping's address is the caller's and
+    the block's is taken once, so the check is integer arithmetic per piece. Both drop the GIL
     (the event loop runs meanwhile). The lean path of batches
     (kvkeeper.client.copies): ~3 us per block of Python instead of ~8
     through gather_into/scatter_from."""
     pos, size = 0, block.shape[0]
     # (destination - source) of the block's first byte at arena offset 0.
-    skew = (arena.ctypes.data - block.ctypes.data) * (1 if into_arena else -1)
+    skew = (base - block.ctypes.data) * (1 if into_arena else -1)
     for off, n in ext:
         end = pos + n
         if off < lo or n <= 0 or off + n > hi or end > size:

@@ -235,13 +235,15 @@ class ArenaMapping:
         `update`, feed it the bytes copied into `out`, piece by piece while
         each is in cache. The lean path of batches (kvkeeper.client.copies):
         arena_format.copy_run, with read_into's bounds checks."""
-        copy_run(self._array(), self._data_offset, self._size, ext, out, False, update)
+        copy_run(self._array(), self._base, self._data_offset, self._size, ext, out, False,
+                 update)
 
     def write_block(self, ext: list[Extent], data: np.ndarray,
                     update: Optional[Update] = None) -> None:
         """Copy a whole block in (see read_block): `data` a flat uint8 array of
         exactly the block's size; `update` is fed the bytes of `data`."""
-        copy_run(self._array(), self._data_offset, self._size, ext, data, True, update)
+        copy_run(self._array(), self._base, self._data_offset, self._size, ext, data, True,
+                 update)
 
     def write(self, extents: Sequence[Any], data: Any, start: int = 0, *,
               whole: bool = False) -> None:

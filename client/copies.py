@@ -110,8 +110,7 @@ MAX_COPY_THREADS = 4
 def copy_threads(requested: int = 0) -> int:
     """Threads a large batch is copied with: `requested`, or with 0 (auto)
     as many CPUs as the calling thread may run on, at most MAX_COPY_THREADS.
-    The connector runs its client on the engine's spare cores (cpus.py), so
-    auto copies there with the spare cores and never on the forward's."""
+    (The connector asks for one per spare core of a CPU engine: worker.py.)"""
     if requested > 0:
         return requested
     try:

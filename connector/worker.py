@@ -118,8 +118,8 @@ class WorkerSide:
                               or strategy(loader, self._io))
         if self.link is not None:
             # A CPU engine's forward owns its cores: saves copy with one thread
-            # a spare core (none: one thread beside the forward); a CUDA
-            # worker's host cores are the client's to use (auto).
+            # per spare core (one where there is none); a CUDA worker's host
+            # cores are the client's to use (auto).
             self.link.copy_threads = 0 if on_cuda(self.codec) else max(1, len(spare_cpus()))
             # Connect from the I/O thread, so that the client's threads run where it does.
             ready = self._io.submit(self._connect)

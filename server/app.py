@@ -109,8 +109,8 @@ class Daemon:
             raise ConfigError(e.strerror, key="host_tier.capacity_bytes",
                               source=config.source_of("host_tier.capacity_bytes")) from None
         if ht.prefault:
-            log.info("host tier: %.2f GiB of pages allocated and mapped in %.2fs "
-                     "(host_tier.prefault)", ht.capacity_bytes / 2**30, time.perf_counter() - t0)
+            log.info("host tier: %.2f GiB arena prefaulted in %.2fs (host_tier.prefault)",
+                     ht.capacity_bytes / 2**30, time.perf_counter() - t0)
         # Whoever may use the socket may map the arena (same-host fast path).
         try:
             os.chmod(self.arena.path, config.listen.socket_mode & 0o660)

@@ -264,10 +264,10 @@ async def _run(scale: Scale, log: Callable[[str], None]) -> list[Result]:
 
 def _results(times: dict[str, dict[str, list[float]]], n: int, bs: int, label: str,
              save_chunk: int, load_chunk: int, scale: Scale) -> list[Result]:
-    nbytes = n * bs
-    g = {k: {d: _gbps(nbytes, median(v)) for d, v in dirs.items()} for k, dirs in times.items()}
     from kvkeeper.client.copies import copy_threads, shards
 
+    nbytes = n * bs
+    g = {k: {d: _gbps(nbytes, median(v)) for d, v in dirs.items()} for k, dirs in times.items()}
     base = {"block_bytes": bs, "blocks": n, "bytes": nbytes, "reps": scale.reps,
             "page_bytes": PAGE_BYTES}
     # The threads a default client copied this batch with (copies.shards).

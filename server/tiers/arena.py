@@ -36,6 +36,7 @@ its own KV cache the same way).
 from __future__ import annotations
 
 import errno
+import logging
 import mmap
 import os
 from operator import index as _index
@@ -52,6 +53,8 @@ from kvkeeper.client.arena_mapping import POPULATE_STEP, ArenaMapping, file_id, 
 __all__ = ["Arena", "ArenaSpaceError", "PAGE_ALIGN", "FORMAT_VERSION", "HEADER_BYTES", "MAGIC",
            "prefault"]
 
+log = logging.getLogger("kvkeeper")
+
 # madvise(MADV_POPULATE_WRITE), Linux 5.14+ (Python 3.11's mmap has no name for it).
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
@@ -64,7 +67,8 @@ def prefault(mm: mmap.mmap, fd: int, path: str, size_bytes: int,
              progress: Optional[Callable[[int], None]] = None) -> str:
     """Allocate every page of the file `fd` (mapped whole as `mm`) and map it
     in `mm`: "populated"; where the kernel cannot populate (before 5.14),
-    allocate the file's blocks only (posix_fallocate): "allocated".
+    allocate the file's blocks only (posix_fallocate): "allocated"; where
+    the filesystem cannot do that either, nothing: "sparse" (logged).
     ArenaSpaceError when the filesystem cannot hold them all. `progress`
     is called with the bytes done after each step (a large arena takes a
     while: the daemon extends systemd's start timeout from it)."""
@@ -99,6 +103,9 @@ def prefault(mm: mmap.mmap, fd: int, path: str, size_bytes: int,
             raise no_room() from None
         if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
             raise
+        log.warning("host tier: %s can neither populate nor preallocate the arena; it stays "
+                    "sparse (a full filesystem would SIGBUS a later writer)",
+                    os.path.dirname(path))
         return "sparse"
     return "allocated"
 
