@@ -118,6 +118,26 @@ def strand(b: Any) -> None:
         todo.extend(children(x))
 
 
+def private_run(hit: Sequence[Any]) -> int:
+    """How many blocks at the end of `hit` (a lookup's run, prefix order) its
+    reader has to itself: none unless the last has no cached child (the
+    lookup read down to a leaf); then the leaf and each block before it whose
+    one cached child is the next (a conversation's history, up to where
+    another conversation or message branched off). Their hits are rereads
+    (EvictionPolicy.reread)."""
+    n = len(hit)
+    if not n or hit[-1].child is not None:
+        return 0
+    more = hit[-1].ns.more_kids
+    k = 1
+    while k < n:
+        b = hit[n - 1 - k]
+        if b.child is not hit[n - k] or b in more:
+            break
+        k += 1
+    return k
+
+
 def stranded(b: Any) -> bool:
     """Whether a chain above `b` lost a block (recomputed: for invariants)."""
     p = b.parent
@@ -175,14 +195,20 @@ class ChainPolicy(EvictionPolicy):
         self._place(block, DUE)
 
     def hit(self, block: Any) -> None:
+        self._read(block, self.inner.hit)
+
+    def reread(self, block: Any) -> None:
+        self._read(block, self.inner.reread)
+
+    def _read(self, block: Any, inner_read: Any) -> None:
         place = block.pq & PLACE
         if place == INNER:
-            self.inner.hit(block)
+            inner_read(block)
         elif place == PARKED:     # used again: back into the policy's order
             self.parked.remove(block)
             self.inner.add(block)
             self._place(block, INNER)
-            self.inner.hit(block)
+            inner_read(block)
         elif place == DUE:
             block.hits += 1
         else:
@@ -196,12 +222,12 @@ class ChainPolicy(EvictionPolicy):
         elif not block.pq & PLACE:
             raise ValueError("node is not held by this policy")
 
-    def hit_all(self, blocks: Sequence[Any]) -> None:
+    def hit_all(self, blocks: Sequence[Any], rereads: int = 0) -> None:
         if not self.parked and not self.due and not self.stray:   # all inner's: one pass
-            self.inner.hit_all(blocks)
+            self.inner.hit_all(blocks, rereads)
             return
-        for b in blocks:
-            self.hit(b)
+        for i, b in enumerate(blocks):
+            self._read(b, self.inner.reread if i < rereads else self.inner.hit)
 
     def pop(self) -> Any:
         b = self.stray.popleft()

@@ -22,6 +22,7 @@ from ..errors import FailedPrecondition, InvalidArgument, NotFound
 from ..ids import LOCAL, BlockKey, Identity, LeaseId, NamespaceId, ReservationId, SessionId, TierName
 from ..quoting import clip
 from . import books
+from .chains import private_run
 from .disk_index import DiskIndex
 from .events import DEFAULT_CAPACITY_KEYS, EventLog, TierEvents
 from .invariants import check_ledger
@@ -220,17 +221,21 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
                 del hints[next(iter(hints))]
         # Tail first, so that within a chain the head is the most recently used
         # and eviction takes the tail: a prefix that loses its head is unmatchable.
+        # The first `rereads` of them are the reader's own history (chains.private_run).
+        rereads = private_run(hit)
         if any(map(_REFS, hit)):  # some are leased: only the others are evictable
             evictable: list[Block] = []
-            for b in reversed(hit):
+            private, rereads = rereads, 0
+            for i, b in enumerate(reversed(hit)):
                 if b.refs == 0:
                     evictable.append(b)
+                    rereads += i < private
                 else:
                     b.hits += 1
         else:
             evictable = hit[::-1]
         if evictable:
-            self._hit_evictable(evictable)
+            self._hit_evictable(evictable, rereads)
         if not report_use:
             self.usage.asked(session.ns, len(keys))
             self.usage.hits(session.ns, hit, self.top, len(self.tiers) == 1, below)
@@ -242,16 +247,16 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
         self.renew(session, now)
         return MatchResult(len(hit), tiers, lease_id)
 
-    def _hit_evictable(self, blocks: list[Block]) -> None:
-        """policy.hit of each block in order, one run per tier (a tier's policy
-        may reorder a run in one pass)."""
+    def _hit_evictable(self, blocks: list[Block], rereads: int) -> None:
+        """policy.hit_all of the run, the first `rereads` rereads, one run per
+        tier (a tier's policy may reorder a run in one pass)."""
         if len(self.tiers) == 1:
-            self.top.policy.hit_all(blocks)
+            self.top.policy.hit_all(blocks, rereads)
             return
         for t in self.tiers.values():
-            mine = [b for b in blocks if b.tier is t]
+            mine = [i for i, b in enumerate(blocks) if b.tier is t]
             if mine:
-                t.policy.hit_all(mine)
+                t.policy.hit_all([blocks[i] for i in mine], sum(i < rereads for i in mine))
 
     def count_asked(self, ns: Namespace, keys: int, report_use: bool) -> None:
         """Count keys of a Match that match() was not given (the tier stack

@@ -20,7 +20,9 @@ is (its entries have no chain links), with the policy's admission rule.
               reinsertion by a 2-bit decaying frequency, and a ghost table of
               recently evicted keys: scan-resistant and frequency-aware; its
               admission (admit_run) refuses a long run of keys nobody saved
-              lately on a full tier, and evicts it first when admitted
+              lately on a full tier, and evicts it first when admitted; a
+              conversation re-reading its own history (reread) earns a
+              frequency of 1 at most
 """
 from __future__ import annotations
 

@@ -37,11 +37,25 @@ class EvictionPolicy(ABC):
     def hit(self, block: Any) -> None:
         """`block`, evictable, was hit: count it (block.hits += 1) and reorder."""
 
-    def hit_all(self, blocks: Sequence[Any]) -> None:
-        """hit(b) for each of `blocks` in order (a lookup's run of evictable
-        hits); a policy may do it in one pass."""
-        for b in blocks:
-            self.hit(b)
+    def reread(self, block: Any) -> None:
+        """`block`, evictable, was read back by its own chain's continuation:
+        a lookup that ran down to a leaf through blocks nobody else branched
+        from (a conversation's next turn reading its history). That is one
+        client re-reading what it wrote, a correlated reference as LRU-K
+        calls it, not a sign that the block is popular: count it
+        (block.hits += 1) and refresh its recency, but a frequency-aware
+        policy gives it no frequency. Recency policies: hit()."""
+        self.hit(block)
+
+    def hit_all(self, blocks: Sequence[Any], rereads: int = 0) -> None:
+        """reread() the first `rereads` of `blocks`, then hit() the rest, in
+        order (a lookup's run of evictable hits, tail first); a policy may do
+        it in one pass."""
+        for i, b in enumerate(blocks):
+            if i < rereads:
+                self.reread(b)
+            else:
+                self.hit(b)
 
     @abstractmethod
     def pop(self) -> Any:
@@ -97,7 +111,8 @@ class LRUPolicy(EvictionPolicy):
         block.hits += 1
         self._list.move_to_back(block)
 
-    def hit_all(self, blocks: Sequence[Any]) -> None:
+    def hit_all(self, blocks: Sequence[Any], rereads: int = 0) -> None:
+        # A reread is a hit here: recency is all lru counts.
         self._list.move_all_to_back(blocks)  # first: it raises before changing anything
         for b in blocks:
             b.hits += 1

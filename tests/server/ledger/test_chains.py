@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kvkeeper.server.errors import InvalidArgument
-from kvkeeper.server.ledger.chains import GONE, children, stranded
+from kvkeeper.server.ledger.chains import GONE, children, private_run, stranded
+from kvkeeper.server.ledger.recency import FREQ
 
 
 def chain_keys(key, start, n):
@@ -172,4 +173,31 @@ def test_only_ancestors_of_pinned_blocks_left_evicts_a_parked_one(make_ledger, d
     led.release(s.id, m.lease_id, 5.0)
     led.release(s.id, m2.lease_id, 5.0)
     assert stranded(led.block(s.ns.id, ks[1])) and order(led)[0] == ks[1]
+    led.check_invariants()
+
+
+def test_a_lookup_down_to_a_leaf_rereads_only_the_unbranched_tail(make_ledger, descriptor, key,
+                                                                  store):
+    """private_run: a conversation's next turn reads its history down to the
+    leaf; only the blocks below the last branch (another conversation under
+    the same system prompt) are its own."""
+    led = make_ledger(16, policy="s3fifo")
+    s = led.register_session("i", descriptor(), 0.0)
+    system, a = chain_keys(key, 0, 2), chain_keys(key, 2, 3)
+    store(led, s.id, system + a, 1.0)
+    blk = [led.block(s.ns.id, k) for k in system + a]
+    assert private_run(blk) == 5                   # nobody branched off yet
+    assert private_run(blk[:4]) == 0               # a prefix: its tail has a child
+    assert private_run([]) == 0
+    b = chain_keys(key, 10, 2)
+    r = led.reserve(s.id, b, 2.0, parent=system[-1])
+    led.commit(s.id, r.reservation_id, 2.0)
+    assert private_run(blk) == 3                   # a's own blocks only
+    assert private_run(blk[:2]) == 0               # the shared prefix has children
+    # Through the ledger and s3fifo: three more turns of a read its history
+    # back; its own blocks earn a frequency of 1, the shared prefix the most.
+    for t in range(3):
+        led.match(s.id, system + a, lease=False, now=3.0 + t)
+    assert [b.pq & FREQ for b in blk] == [3, 3, 1, 1, 1]
+    assert [b.hits for b in blk] == [3] * 5
     led.check_invariants()

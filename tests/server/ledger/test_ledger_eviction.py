@@ -35,9 +35,13 @@ class NoScanPolicy:
         self.hits += 1
         self.inner.hit(b)
 
-    def hit_all(self, blocks):  # a lookup's run of hits, one call (counted per block)
+    def reread(self, b):
+        self.hits += 1
+        self.inner.reread(b)
+
+    def hit_all(self, blocks, rereads=0):  # a lookup's run of hits, one call (counted per block)
         self.hits += len(blocks)
-        self.inner.hit_all(blocks)
+        self.inner.hit_all(blocks, rereads)
 
     def __len__(self):
         return len(self.inner)

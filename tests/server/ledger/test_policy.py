@@ -81,19 +81,24 @@ def test_iteration_is_the_pop_order_and_holds_exactly_the_evictable(name, ops):
 
 @pytest.mark.parametrize("name", NAMES)
 @settings(max_examples=80, deadline=None)
-@given(hits=st.lists(st.lists(st.integers(0, 5), max_size=8), max_size=5))
-def test_hit_all_equals_one_hit_per_block(name, hits):
-    """A lookup's run of hits in one call: the same counts and the same order."""
+@given(runs=st.lists(st.tuples(st.lists(st.integers(0, 5), max_size=8), st.integers(0, 8)),
+                     max_size=5))
+def test_hit_all_equals_one_hit_or_reread_per_block(name, runs):
+    """A lookup's run of hits in one call, hit_all(run, rereads=k): the same
+    counts and order as reread() of the first k and hit() of the rest, each
+    counted once in block.hits (k = 0: all hits)."""
     one, batch = make_policy(name), make_policy(name)
     a = [Blk(str(i)) for i in range(6)]
     b = [Blk(str(i)) for i in range(6)]
     for x, y in zip(a, b):
         one.add(x)
         batch.add(y)
-    for run in hits:
-        for i in run:
-            one.hit(a[i])
-        batch.hit_all([b[i] for i in run])
+    for run, k in runs:
+        before = sum(x.hits for x in a)
+        for j, i in enumerate(run):
+            (one.reread if j < k else one.hit)(a[i])
+        assert sum(x.hits for x in a) == before + len(run)
+        batch.hit_all([b[i] for i in run], rereads=k)
         assert [(x.name, x.hits) for x in batch] == [(x.name, x.hits) for x in one]
     assert drain(batch) == drain(one)
 

@@ -143,3 +143,35 @@ def test_s3fifo_a_run_under_a_leaf_read_once_is_warm_and_probation_keeps_it():
     while (b := q.pop()) is not warm:
         assert b in mains
     assert b"plain" in q.ghost and b"warm" not in q.ghost
+
+
+def test_s3fifo_a_reread_earns_at_most_one_pass_through_main():
+    """A conversation's history re-read by each next turn (reread) is one
+    client's correlated reference: however often, it buys one reinsertion in
+    main, where two hits by others buy two."""
+    p = S3FIFOPolicy()
+    p.share = p.MIN_SHARE
+    own, shared = Blk("own"), Blk("shared")
+    for b in (own, shared):
+        b.pq |= Q2        # in main, where a block hit on probation ends up
+        p.add(b)
+    for _ in range(3):
+        p.reread(own)
+    p.hit(shared)
+    p.hit(shared)
+    assert own.hits == 3 and own.pq & FREQ == 1
+    assert shared.hits == 2 and shared.pq & FREQ == 2
+    others = [Blk(f"o{i}") for i in range(3)]
+    for b in others:
+        b.pq |= Q2
+        p.add(b)
+    # Main's order: own, shared, o0..o2. own is reinserted once, shared twice.
+    assert drain(p) == ["o0", "o1", "o2", "own", "shared"]
+
+
+def test_s3fifo_a_reread_cold_block_is_no_one_off():
+    p = S3FIFOPolicy()
+    b = cold("c")
+    p.add(b)
+    p.reread(b)
+    assert not b.pq & COLD and b.pq & QUEUE == Q2 and b.hits == 1
