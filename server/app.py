@@ -20,14 +20,14 @@ from typing import Any, Callable, Optional
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from kvkeeper.client.peer_wire import peer_socket_path
 from kvkeeper.v1 import admin_pb2, admin_pb2_grpc, kvkeeper_pb2, kvkeeper_pb2_grpc
 from kvkeeper.v1 import residency_pb2, residency_pb2_grpc
 
 from .api.admin import AdminServicer
-from .api.decoding import add_guarded
+from .api.decoding import GenericOnly, add_guarded
 from .api.residency import ResidencyServicer
 from .api.servicer import BULK_CODECS, KVKeeperServicer
 from .config import Config, ConfigError
@@ -157,9 +157,10 @@ class Daemon:
             add_guarded(admin_pb2_grpc.add_KVKeeperAdminServicer_to_server, self.admin, self.server)
             services.append(ADMIN_SERVICE_NAME)
         self.health = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (*services, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server)
+        # Generic handlers only, as add_guarded's (decoding.GenericOnly: per-call cost).
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, GenericOnly(self.server))
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection.aio.ReflectionServicer(
+            (*services, health.SERVICE_NAME, reflection.SERVICE_NAME)), GenericOnly(self.server))
         self.watch = CounterWatch(self.stack, storm_blocks=config.server.eviction_storm_blocks)
         self.port = 0
         self.socket_path: Optional[str] = None
