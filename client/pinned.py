@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 from typing import Any, Callable, Optional, Protocol
 
 __all__ = ["PinnedArena", "Registrar", "RegisterError", "cuda_registrar"]
@@ -50,7 +51,16 @@ class _CudaRegistrar:
     def _check(self, err: Any, what: str) -> None:
         code = int(err)
         if code:
-            raise RegisterError(f"{what} failed: CUDA error {code}")
+            # torch's binding leaves the error as CUDA's last error, which the
+            # next kernel launch anywhere in this thread would report as its
+            # own: in vLLM, an unrelated forward failing. Take it back.
+            cleared = clear_last_cuda_error()
+            try:
+                name = f" ({self._rt.cudaGetErrorString(err)})"
+            except Exception:  # noqa: BLE001 - the code alone is enough
+                name = ""
+            raise RegisterError(f"{what} failed: CUDA error {code}{name}" + (
+                "" if cleared else "; CUDA's last error could not be cleared"))
 
     def register(self, address: int, nbytes: int) -> None:
         # Flags 0 (cudaHostRegisterDefault): pinned for this process's context.
@@ -58,6 +68,35 @@ class _CudaRegistrar:
 
     def unregister(self, address: int) -> None:
         self._check(self._rt.cudaHostUnregister(address), "cudaHostUnregister")
+
+
+_LAST_ERROR: list = []    # [cudaGetLastError of the libcudart torch loaded, or None]
+
+
+def clear_last_cuda_error() -> bool:
+    """cudaGetLastError() (which resets it) through the libcudart this process
+    already loaded (torch.cuda.cudart() has no binding for it); only a
+    library already mapped, never another copy with a state of its own.
+    False when there is none (a cudart linked statically)."""
+    if not _LAST_ERROR:
+        fn = None
+        try:
+            with open("/proc/self/maps") as f:
+                paths = sorted({ln.split()[-1] for ln in f if "libcudart" in ln.rsplit("/", 1)[-1]})
+        except OSError:
+            paths = []
+        for path in paths:
+            try:
+                fn = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY).cudaGetLastError
+                break
+            except (OSError, AttributeError):
+                continue
+        _LAST_ERROR.append(fn)
+    fn = _LAST_ERROR[0]
+    if fn is None:
+        return False
+    fn()
+    return True
 
 
 def cuda_registrar() -> Registrar:

@@ -115,3 +115,50 @@ def test_failed_unregistration_never_unmaps() -> None:
     p.close()
     assert p.mapping is None and reg.live == {view_addr: m.size_bytes - m.data_offset}
     m.close()   # the kept view holds the pages mapped: no crash reading through the mapping
+
+
+class _FakeRuntime:
+    """torch.cuda.cudart()'s surface: error codes, as pybind enums convert to int."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+    def cudaHostRegister(self, address: int, nbytes: int, flags: int) -> int:
+        return self.code
+
+    def cudaHostUnregister(self, address: int) -> int:
+        return self.code
+
+    def cudaGetErrorString(self, err: int) -> str:
+        return "cudaErrorHostMemoryAlreadyRegistered"
+
+
+def test_a_failed_cuda_call_clears_cuda_last_error(monkeypatch) -> None:
+    """The failure is raised as RegisterError, and CUDA's last error is taken
+    back, so vLLM's next kernel launch does not report it as its own."""
+    from kvkeeper.client import pinned
+
+    cleared: List[int] = []
+    monkeypatch.setattr(pinned, "clear_last_cuda_error", lambda: cleared.append(1) or True)
+    reg = object.__new__(pinned._CudaRegistrar)
+    reg._rt = _FakeRuntime(712)
+    with pytest.raises(RegisterError, match=r"cudaHostRegister failed: CUDA error 712 "
+                                            r"\(cudaErrorHostMemoryAlreadyRegistered\)$"):
+        reg.register(4096, 4096)
+    with pytest.raises(RegisterError, match="cudaHostUnregister failed"):
+        reg.unregister(4096)
+    assert cleared == [1, 1]
+    reg._rt = _FakeRuntime(0)
+    reg.register(4096, 4096)
+    reg.unregister(4096)
+    assert cleared == [1, 1]
+
+
+def test_clearing_uses_only_a_cudart_already_loaded(monkeypatch) -> None:
+    """No libcudart mapped here (no CUDA): nothing is loaded, False."""
+    from kvkeeper.client import pinned
+
+    monkeypatch.setattr(pinned, "_LAST_ERROR", [])
+    with open("/proc/self/maps") as f:
+        mapped = any("libcudart" in ln for ln in f)
+    assert pinned.clear_last_cuda_error() is mapped

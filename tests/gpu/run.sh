@@ -49,6 +49,16 @@ for d in server client connector; do ln -s "$PWD/$d" "$SHIM/kvkeeper/$d"; done
 ln -s "$PWD/proto/kvkeeper/v1" "$SHIM/kvkeeper/v1"
 export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"
 
+# Importable is not enough: the generated protobuf and gRPC code checks the
+# runtime's versions at import (protobuf, grpcio as pyproject.toml pins them).
+# Fail here, with the reason, rather than as an error in every test module.
+if ! "$PY" -c "import kvkeeper.client, kvkeeper.connector.gpu.h2d, kvkeeper.server.bench" 2>"$SHIM/import.err"; then
+  echo "[gpu] kvkeeper does not import with this Python's packages:"
+  tail -5 "$SHIM/import.err"
+  echo "[gpu] install the versions pyproject.toml names (protobuf, grpcio) and run again"
+  exit 2
+fi
+
 rc=0
 # --noconftest: tests/conftest.py starts daemons (and needs their dependencies); these do not.
 echo "[gpu] pytest tests/gpu"

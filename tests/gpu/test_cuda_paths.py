@@ -91,8 +91,9 @@ def test_d2h_save_checksum_on_the_host() -> None:
 
 
 def test_layer_copies_overlap_a_kernel_on_the_compute_stream() -> None:
-    codec, _ = cuda_codec(layers=4, num_blocks=32, heads=8, tokens=32, head=128)
+    codec, _ = cuda_codec(layers=4, num_blocks=32, heads=8, tokens=32, head=256)
     bb = codec.block_bytes           # 1 MiB blocks, 256 KiB layers: a group per layer
+    assert bb == 1 << 20
     m = arena(33 * bb)
     pinned = PinnedArena()
     assert pinned.ensure(m)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import signal
 import time
 from typing import Any, List
@@ -58,7 +59,17 @@ def holder(tmp_path: Any) -> Any:
     path = str(tmp_path / "gens")
     proc = ctx.Process(target=holder_main, args=(path, out, cmds), daemon=True)
     proc.start()
-    handles = out.get(timeout=120)
+    handles = None
+    for _ in range(24):              # up to 120 s, but not once the holder died
+        try:
+            handles = out.get(timeout=5)
+            break
+        except queue.Empty:
+            if not proc.is_alive():
+                pytest.fail(f"the holder process died at start (exit code {proc.exitcode})")
+    if handles is None:
+        proc.kill()
+        pytest.fail("the holder process sent no handles within 120 s")
     gens = Generations(os.open(path, os.O_RDONLY), N, writable=False)
     yield proc, handles, gens, out, cmds
     if proc.is_alive():
