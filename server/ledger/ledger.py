@@ -222,7 +222,7 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
         # Tail first, so that within a chain the head is the most recently used
         # and eviction takes the tail: a prefix that loses its head is unmatchable.
         # The first `rereads` of them are the reader's own history (chains.private_run).
-        rereads = private_run(hit)
+        rereads = 0 if session.ns.says_last_turn else private_run(hit)
         if any(map(_REFS, hit)):  # some are leased: only the others are evictable
             evictable: list[Block] = []
             private, rereads = rereads, 0
@@ -317,6 +317,7 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
             self.usage.reported(session.ns, report)
             self.usage.hits(session.ns, loaded, self.top, len(self.tiers) == 1,
                             lease.below, first=report.local_blocks)
+        session.ns.says_last_turn |= last_turn
         self._release(lease, discard=drop, now=now, demote=last_turn)
         self.renew(session, now)
         return len(loaded)

@@ -54,7 +54,7 @@ class NamespaceDescriptor:
 
 class Namespace:
     __slots__ = ("id", "descriptor", "pages_per_block", "blocks", "sessions", "used_pages",
-                 "more_kids", "hints")
+                 "more_kids", "hints", "says_last_turn")
 
     def __init__(self, descriptor: NamespaceDescriptor, pages_per_block: int) -> None:
         self.id = descriptor.digest()
@@ -70,6 +70,10 @@ class Namespace:
         # Key -> the block before it in a chain a Match named but did not hit:
         # the parent of a save that starts there (bounded, see saves.py).
         self.hints: dict[bytes, Block] = {}
+        # Its clients say when a conversation ends (a release with last_turn
+        # came): ended histories get demoted, so a lookup reading its own
+        # history back needs no discount (chains.private_run) and its hits count.
+        self.says_last_turn = False
 
     @property
     def block_bytes(self) -> int:

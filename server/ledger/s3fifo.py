@@ -45,8 +45,9 @@ A hit that is a reread (EvictionPolicy.reread: a lookup reading its own
 chain back down to a leaf, a conversation's history read by its next turn)
 raises the frequency to 1 at most; hits by other chains count in full.
 On the policy benchmark (seeds 1-4) that raised the unhinted shares of the
-optimum by up to 0.02 (every mix at 10% and 20%), at the cost of up to
-0.012 where last-turn hints already reclaim ended conversations.
+optimum by up to 0.02 (every mix at 10% and 20%). Where last-turn hints
+reclaim ended conversations it cost up to 0.012, so a namespace that has
+sent one counts rereads as hits (Namespace.says_last_turn).
 
 A ghost is a table of 16-bit fingerprints indexed by the key's hash, two
 slots per evictable block (grown by doubling, which forgets it): a new

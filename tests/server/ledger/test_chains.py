@@ -201,3 +201,26 @@ def test_a_lookup_down_to_a_leaf_rereads_only_the_unbranched_tail(make_ledger, d
     assert [b.pq & FREQ for b in blk] == [3, 3, 1, 1, 1]
     assert [b.hits for b in blk] == [3] * 5
     led.check_invariants()
+
+
+def test_rereads_count_in_full_once_the_namespace_says_last_turns(make_ledger, descriptor, key,
+                                                                  store):
+    """A namespace whose clients release last turns gets ended histories
+    demoted; from its first such release a lookup's own history counts as hits."""
+    led = make_ledger(16, policy="s3fifo")
+    s = led.register_session("i", descriptor(), 0.0)
+    a = chain_keys(key, 0, 3)
+    store(led, s.id, a, 1.0)
+    blk = [led.block(s.ns.id, k) for k in a]
+    led.match(s.id, a, lease=False, now=2.0)
+    assert [b.pq & FREQ for b in blk] == [1, 1, 1]
+    other = chain_keys(key, 10, 2)
+    store(led, s.id, other, 3.0)
+    m = led.match(s.id, other, lease=True, now=4.0)
+    assert not s.ns.says_last_turn
+    led.release(s.id, m.lease_id, 4.0, last_turn=True)
+    assert s.ns.says_last_turn
+    for t in range(2):
+        led.match(s.id, a, lease=False, now=5.0 + t)
+    assert [b.pq & FREQ for b in blk] == [3, 3, 3]
+    led.check_invariants()
