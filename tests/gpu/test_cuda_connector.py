@@ -1,7 +1,8 @@
 """The connector's own CUDA hooks on a real GPU: CudaLoad (the load strategy
 the worker picks for a KV cache on CUDA) and a SaveJob copied out on the
-side stream. Skipped without CUDA, and without vLLM (the connector's
-counters and metadata import it)."""
+side stream. Skipped without CUDA. Without vLLM (a GPU machine with CUDA
+torch only) the two vLLM base modules the connector's counters and metadata
+import are stood in for (vllm_stubs.py)."""
 from __future__ import annotations
 
 from concurrent.futures import Future
@@ -11,7 +12,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-pytest.importorskip("vllm", reason="the connector's load and save modules import vLLM")
+import vllm_stubs  # noqa: E402
+
+vllm_stubs.install_if_missing()
 
 from kvkeeper.client.checksum import xxh3_64  # noqa: E402
 from kvkeeper.client.pinned import PinnedArena  # noqa: E402
