@@ -16,7 +16,7 @@ import grpc
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 from .checks import block_views
-from .checksum import verify
+from .checksum import StreamSums, verify
 from .arena_format import Extent
 from .copies import extents_of, load_verified, stored
 from .errors import ChecksumError, from_rpc_error, protocol_error
@@ -139,19 +139,26 @@ class Loads:
         bb = self._block_bytes
         req = load_request(s.id, lease_id)
 
-        async def attempt() -> Tuple[Coverage, dict]:
+        async def attempt() -> Tuple[Coverage, dict, StreamSums]:
             cov = Coverage(lease_id, bb, len(views) if views is not None else None)
             parts: dict = {}    # index -> [(offset, data)], for load()
+            arrived = StreamSums(bb)   # each piece hashed while still in cache
             call = self._load_stream_rpc(req, timeout=s.timeout, metadata=s.metadata)
             async for ch in chunks(call, cov):
+                end = ch.offset + ch.data.nbytes
                 if views is not None:
-                    views[ch.index][ch.offset:ch.offset + ch.data.nbytes] = ch.data
+                    dst = views[ch.index]
+                    dst[ch.offset:end] = ch.data
+                    if self._verifies:   # the bytes as they now stand in the caller's buffer
+                        arrived.piece(ch.index, ch.offset, dst[ch.offset:end], ch.checksum_algo)
                 else:
                     parts.setdefault(ch.index, []).append((ch.offset, ch.data))
-            return cov, parts
+                    if self._verifies:   # the received bytes; load() joins them in one copy
+                        arrived.piece(ch.index, ch.offset, ch.data, ch.checksum_algo)
+            return cov, parts, arrived
 
         try:
-            cov, parts = await call_with_retry(attempt, max_retries=s.max_retries)
+            cov, parts, arrived = await call_with_retry(attempt, max_retries=s.max_retries)
         except grpc.RpcError as e:
             raise from_rpc_error(e, "LoadStream") from e
         sums = cov.finish()
@@ -166,5 +173,6 @@ class Loads:
             out = [b"".join(d for _, d in sorted(parts[i], key=lambda p: p[0]))
                    for i in range(n)]
             bufs = out
-        await self._verify(sums, bufs)
+        if self._verifies:
+            await arrived.verify(sums, bufs)
         return out

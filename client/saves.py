@@ -18,7 +18,7 @@ import grpc
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 from .checks import block_views, check_keys
-from .checksum import checksums
+from .checksum import StreamSums
 from .copies import extents_of, save_summed
 from .errors import KVKeeperClientError, from_rpc_error, protocol_error
 from .session import Session
@@ -125,10 +125,12 @@ class Saves:
                                              self._session.namespace.block_bytes * len(reserved),
                                              self._copy_threads)
                 else:
+                    passing = None if algo == pb.CHECKSUM_NONE else StreamSums(
+                        self._session.namespace.block_bytes)
                     await self._write_stream(sid, rid, [(i, views[i]) for i in reserved],
-                                             resp.pack_writes)
-                    sums = (None if algo == pb.CHECKSUM_NONE else
-                            await checksums([algo] * len(reserved), [views[i] for i in reserved]))
+                                             resp.pack_writes, passing, algo)
+                    sums = (None if passing is None else
+                            await passing.of(algo, reserved, [views[i] for i in reserved]))
                 if sums is not None:
                     per_key = [0] * len(keys)
                     for i, c in zip(reserved, sums):
@@ -146,9 +148,11 @@ class Saves:
                                   "nothing was written", grpc.StatusCode.ABORTED)
 
     async def _write_stream(self, sid: str, rid: int, items: List[Tuple[int, memoryview]],
-                            pack: bool = False) -> None:
+                            pack: bool = False, sums: Optional[StreamSums] = None,
+                            algo: int = 0) -> None:
         """WriteBlocks: the reserved blocks in chunks of at most 1 MiB (less if
-        the daemon's max message size asks for it)."""
+        the daemon's max message size asks for it); `sums` takes their
+        checksums under `algo` in passing (write_frames)."""
         if not items:
             return
         s = self._session
@@ -158,7 +162,7 @@ class Saves:
         try:
             await self._write_blocks_rpc(write_frames(sid, rid, items, chunk,
                                                       write_pack_bytes(s.max_message_bytes)
-                                                      if pack else 0),
+                                                      if pack else 0, sums, algo),
                                          timeout=s.timeout, metadata=s.metadata)
         except grpc.RpcError as e:
             raise from_rpc_error(e, "WriteBlocks") from e

@@ -16,6 +16,7 @@ import grpc
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 from .errors import protocol_error
+from .checksum import StreamSums
 from .wire import Chunk, encode_write_chunk, parse_block_chunk
 
 __all__ = ["KEYED_UNKNOWN", "WRITE_PACK_BYTES", "Coverage", "KeyedStream", "check_head", "chunks",
@@ -85,16 +86,21 @@ def write_pack_bytes(max_message_bytes: int) -> int:
 
 
 def write_frames(sid: str, rid: int, items: Sequence[Tuple[int, memoryview]], chunk: int,
-                 pack: int = 0):
+                 pack: int = 0, sums: Optional[StreamSums] = None, algo: int = 0):
     """Serialized WriteChunks of the (index, block view) items, each built in
     one copy from the views; the first carries the session and reservation.
     pack: where the daemon takes them (ReserveSaveResponse.pack_writes), runs
-    of consecutive entries go whole, several to a chunk of up to this many bytes."""
+    of consecutive entries go whole, several to a chunk of up to this many bytes.
+    sums: each block's checksum under `algo` is taken there, piece by piece,
+    right after the piece is framed (its bytes still in cache)."""
     head = [sid, rid]
 
     def frame(idx: int, off: int, views: List[memoryview]) -> bytes:
         out = encode_write_chunk(head[0], head[1], idx, off, views)
         head[:] = ["", 0]
+        if sums is not None:
+            for j, v in enumerate(views):   # several views: whole blocks idx, idx + 1, ...
+                sums.piece(idx + j, off, v, algo)
         return out
 
     run: List[Tuple[int, memoryview]] = []
