@@ -43,7 +43,7 @@ def snapshot(led: Ledger) -> dict[str, Any]:
     tiers = {}
     for name, t in led.tiers.items():
         tiers[name] = {
-            "free_stack": list(t.pages._free),
+            "free_stack": t.pages.runs(),
             "policy": [_bkey(b) for b in t.policy],
             "policy_len": len(t.policy),
             "evictable_pages": t.evictable_pages,

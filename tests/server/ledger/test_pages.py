@@ -114,3 +114,41 @@ def test_pages_are_never_shared_or_lost(ops):
         assert set(in_use).isdisjoint(a.free_set())            # no page both free and owned
         assert len(in_use) + a.free_pages == total              # nothing lost
         assert set(in_use) | a.free_set() == set(range(total))
+
+
+class _PageStack:
+    """The model: free pages as a stack of single pages (the allocator
+    before runs). The run-based allocator must hand out exactly its pages."""
+
+    def __init__(self, total: int) -> None:
+        self.free = list(range(total - 1, -1, -1))
+
+    def alloc(self, n: int) -> object:
+        taken = self.free[-n:]
+        del self.free[-n:]
+        taken.reverse()
+        if taken == list(range(taken[0], taken[0] + n)):
+            return taken[0]
+        return tuple(taken)
+
+    def release(self, pages: object, n: int) -> None:
+        self.free.extend(reversed(list(iter_pages(pages, n))))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 40),
+       st.lists(st.tuples(st.booleans(), st.integers(1, 9), st.integers(0, 50)), max_size=80))
+def test_runs_hand_out_exactly_the_pages_a_page_stack_would(total, ops):
+    a, model = PageAllocator(total), _PageStack(total)
+    owned: list[tuple[object, int]] = []
+    for is_alloc, n, pick in ops:
+        if is_alloc and n <= a.free_pages:
+            got = a.alloc(n)
+            assert got == model.alloc(n)
+            owned.append((got, n))
+        elif owned:
+            pages, n = owned.pop(pick % len(owned))
+            a.free(pages, n)
+            model.release(pages, n)
+        assert a.free_pages == len(model.free)
+        assert a.free_set() == set(model.free)
