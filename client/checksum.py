@@ -119,11 +119,14 @@ async def checksums(algos: Sequence[int], bufs: Sequence[Any]) -> List[Optional[
     return await asyncio.to_thread(run) if total >= OFFLOAD_BYTES else run()
 
 
-async def verify(expected: Sequence[Tuple[int, int]], bufs: Sequence[Any]) -> None:
+async def verify(expected: Sequence[Tuple[int, int]], bufs: Sequence[Any],
+                 taken: Optional["StreamSums"] = None) -> None:
     """Raise ChecksumError listing the bufs whose checksum differs from
     expected[i] = (checksum_algo, checksum); those this process cannot
-    compute are not checked."""
-    got = await checksums([a for a, _ in expected], bufs)
+    compute are not checked. taken: the checksums a stream took in passing
+    (block i is bufs[i]); only the others are computed now."""
+    algos = [a for a, _ in expected]
+    got = await (checksums(algos, bufs) if taken is None else taken.checksums(algos, bufs))
     bad = [i for i, ((_, want), have) in enumerate(zip(expected, got))
            if have is not None and have != want]
     if bad:
@@ -173,37 +176,22 @@ class StreamSums:
         else:
             self._open[index] = (h, pos)
 
-    async def verify(self, expected: Sequence[Tuple[int, int]], bufs: Sequence[Any]) -> None:
-        """`verify(expected, bufs)`, with the blocks hashed on arrival compared
-        and only the others hashed now."""
-        bad: List[int] = []
+    async def checksums(self, algos: Sequence[int], bufs: Sequence[Any],
+                        indices: Optional[Sequence[int]] = None) -> List[Optional[int]]:
+        """As the module's `checksums(algos, bufs)`, bufs[k] being block
+        indices[k] (default k): the checksums taken in passing where they
+        were taken with that algorithm, the others computed now."""
+        out: List[Optional[int]] = []
         rest: List[int] = []
-        for i, (algo, want) in enumerate(expected):
-            got = self.done.get(i)
-            if got is None or got[0] != algo:
-                rest.append(i)
-            elif got[1] != want:
-                bad.append(i)
-        if rest:
-            later = await checksums([expected[i][0] for i in rest], [bufs[i] for i in rest])
-            bad += [i for i, have in zip(rest, later)
-                    if have is not None and have != expected[i][1]]
-        if bad:
-            raise ChecksumError(sorted(bad))
-
-    async def of(self, algo: int, indices: Sequence[int], bufs: Sequence[Any]) -> List[int]:
-        """The checksum under `algo` of each bufs[k], block indices[k]: the one
-        taken in passing, else computed now."""
-        out: List[Optional[int]] = [None] * len(indices)
-        rest: List[int] = []
-        for k, i in enumerate(indices):
-            got = self.done.get(i)
+        for k, algo in enumerate(algos):
+            got = self.done.get(k if indices is None else indices[k])
             if got is not None and got[0] == algo:
-                out[k] = got[1]
+                out.append(got[1])
             else:
+                out.append(None)
                 rest.append(k)
         if rest:
-            later = await checksums([algo] * len(rest), [bufs[k] for k in rest])
+            later = await checksums([algos[k] for k in rest], [bufs[k] for k in rest])
             for k, v in zip(rest, later):
                 out[k] = v
-        return [v or 0 for v in out]
+        return out

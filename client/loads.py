@@ -174,5 +174,5 @@ class Loads:
                    for i in range(n)]
             bufs = out
         if self._verifies:
-            await arrived.verify(sums, bufs)
+            await verify(sums, bufs, arrived)
         return out

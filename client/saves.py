@@ -129,8 +129,8 @@ class Saves:
                         self._session.namespace.block_bytes)
                     await self._write_stream(sid, rid, [(i, views[i]) for i in reserved],
                                              resp.pack_writes, passing, algo)
-                    sums = (None if passing is None else
-                            await passing.of(algo, reserved, [views[i] for i in reserved]))
+                    sums = (None if passing is None else await passing.checksums(
+                        [algo] * len(reserved), [views[i] for i in reserved], reserved))
                 if sums is not None:
                     per_key = [0] * len(keys)
                     for i, c in zip(reserved, sums):

@@ -64,7 +64,7 @@ def test_sums_names_the_same_bad_blocks_as_verify_at_the_end(s) -> None:
                 bufs[i][off + at % n] ^= 0x01
     late = {pieces[p][0] for p, _, after in damage if after}
     want = _bad(verify(expected, bufs))
-    got = _bad(sums.verify(expected, bufs))
+    got = _bad(verify(expected, bufs, sums))
     # A block damaged after it was hashed on arrival is caught only if it was
     # left for the end (its pieces out of order); otherwise no false alarm,
     # and every block damaged on the way (before it landed) is caught.
@@ -94,7 +94,21 @@ def test_an_algorithm_other_than_the_expected_ones_is_checked_again_at_the_end()
     a = StreamSums(BB)
     a.piece(0, 0, memoryview(data), pb.CHECKSUM_CRC32)
     x = ALGOS[pb.CHECKSUM_XXH3_64](data)
-    asyncio.run(a.verify([(pb.CHECKSUM_XXH3_64, x)], [data]))
+    asyncio.run(verify([(pb.CHECKSUM_XXH3_64, x)], [data], a))
     with pytest.raises(ChecksumError) as info:
-        asyncio.run(a.verify([(pb.CHECKSUM_XXH3_64, x ^ 1)], [data]))
+        asyncio.run(verify([(pb.CHECKSUM_XXH3_64, x ^ 1)], [data], a))
     assert info.value.bad_indices == [0]
+
+
+def test_checksums_of_a_subset_map_each_buffer_to_its_block_index() -> None:
+    """A save's reserved blocks are a subset of its keys: bufs[k] is block
+    indices[k], taken in passing or (block 5, never seen) computed now."""
+    data = [bytes([i]) * BB for i in range(6)]
+    a = StreamSums(BB)
+    for i in (1, 3):
+        a.piece(i, 0, memoryview(data[i]), pb.CHECKSUM_XXH3_64)
+    a.done[3] = (pb.CHECKSUM_XXH3_64, 12345)   # a value only the taken path returns
+    got = asyncio.run(a.checksums([pb.CHECKSUM_XXH3_64] * 3, [data[1], data[3], data[5]],
+                                  [1, 3, 5]))
+    xxh = ALGOS[pb.CHECKSUM_XXH3_64]
+    assert got == [xxh(data[1]), 12345, xxh(data[5])]
