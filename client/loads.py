@@ -18,7 +18,7 @@ from kvkeeper.v1 import kvkeeper_pb2 as pb
 from .checks import block_views
 from .checksum import StreamSums, verify
 from .arena_format import Extent
-from .copies import extents_of, load_verified, stored
+from .copies import Stored, extents_of, load_verified, stored_of
 from .errors import ChecksumError, from_rpc_error, protocol_error
 from .retry import call_with_retry
 from .session import Session
@@ -58,10 +58,22 @@ class Loads:
             await verify(expected, bufs)
 
     async def block_refs(self, lease_id: int) -> pb.LoadResponse:
-        """Load: where the lease's blocks lie in the arena, and their checksums."""
+        """Load: where the lease's blocks lie in the arena, and their checksums,
+        as BlockRefs (LoadResponse.blocks)."""
         return await self._session.unary(
             "Load", lambda s: pb.LoadRequest(session_id=s, lease_id=lease_id),
             retry=True, rebind=False)
+
+    async def _stored(self, lease_id: int) -> List[Stored]:
+        """Load, asked for columns (read several times faster than BlockRefs):
+        each block's (checksum_algo, checksum, extents), in lease order."""
+        resp = await self._session.unary(
+            "Load", lambda s: pb.LoadRequest(session_id=s, lease_id=lease_id, columns=True),
+            retry=True, rebind=False)
+        try:
+            return stored_of(resp)
+        except ValueError as e:
+            raise protocol_error(f"Load: {e}") from None
 
     def arena_views(self, refs: Sequence[pb.BlockRef]) -> Optional[List[List[memoryview]]]:
         """See AsyncClient.arena_views. Synchronous and safe from any thread:
@@ -86,10 +98,10 @@ class Loads:
         """The bytes of every block of the lease, in lease order."""
         m = self._transport.live()
         if m is not None:
-            resp = await self.block_refs(lease_id)
+            refs = await self._stored(lease_id)
             if self._transport.still_current(m):
-                blocks = [m.read(ref.extents) for ref in resp.blocks]
-                await self._verify([(r.checksum_algo, r.checksum) for r in resp.blocks], blocks)
+                blocks = [m.read(ext) for _, _, ext in refs]
+                await self._verify([(algo, value) for algo, value, _ in refs], blocks)
                 return blocks
         return await self._load_stream(lease_id, None)
 
@@ -98,12 +110,11 @@ class Loads:
         views = block_views(outs, self._block_bytes, writable=True)
         m = self._transport.live()
         if m is not None:
-            resp = await self.block_refs(lease_id)
-            if len(resp.blocks) != len(views):
-                raise ValueError(f"lease {lease_id} holds {len(resp.blocks)} blocks but "
+            blocks = await self._stored(lease_id)
+            if len(blocks) != len(views):
+                raise ValueError(f"lease {lease_id} holds {len(blocks)} blocks but "
                                  f"{len(views)} buffers were given")
             if self._transport.still_current(m):
-                blocks = stored(resp.blocks)
                 bb = self._block_bytes
                 for i, (_, _, ext) in enumerate(blocks):
                     _check_span(ext, bb, f"block {i} of lease {lease_id}")

@@ -19,7 +19,7 @@ from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 from .checks import block_views, check_keys
 from .checksum import StreamSums
-from .copies import extents_of, save_summed
+from .copies import save_summed, slots_of
 from .errors import KVKeeperClientError, from_rpc_error, protocol_error
 from .session import Session
 from .stream import write_blocks_method, write_frames, write_pack_bytes
@@ -92,15 +92,17 @@ class Saves:
             resp, sid = await self._session.unary_sid(
                 "ReserveSave",
                 lambda s: pb.ReserveSaveRequest(session_id=s, keys=keys, transport=transport,
-                                                parent_key=parent),
+                                                parent_key=parent, columns=True),
                 retry=False, rebind=True)
             rid = resp.reservation_id
             try:
-                if len(resp.slots) != len(keys):
-                    raise protocol_error(f"ReserveSave returned {len(resp.slots)} slots for "
+                try:
+                    slots = slots_of(resp)   # one pass (see copies.extents_of)
+                except ValueError as e:
+                    raise protocol_error(f"ReserveSave: {e}") from None
+                if len(slots) != len(keys):
+                    raise protocol_error(f"ReserveSave returned {len(slots)} slots for "
                                           f"{len(keys)} keys")
-                # One pass over the slots (see copies.extents_of).
-                slots = [(s.status, extents_of(s.extents)) for s in resp.slots]
                 status = [st for st, _ in slots]
                 reserved = [i for i, st in enumerate(status) if st == pb.SLOT_RESERVED]
                 present = status.count(pb.SLOT_PRESENT)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, AsyncIterator, Callable, Iterable, Iterator, List, Sequence, Tuple
+from typing import Any, AsyncIterator, Callable, Iterator, List, Sequence, Tuple
 
 from kvkeeper.client.wire import (encode_block_chunk, encode_match_response, encode_stream_head,
                                   frame_or_message, parse_write_chunk, slice_views)
@@ -25,7 +25,8 @@ from ..ledger.sessions import tag
 from ..tiers.stack import TierStack
 from ..quoting import clip
 from ..security import identity
-from .convert import SLOT_TO_PB, descriptor_from_pb, report_from_pb, tier_to_pb
+from .convert import (SLOT_TO_PB, descriptor_from_pb, fill_block_columns, fill_refs, fill_slots,
+                      report_from_pb, tier_to_pb)
 from .handler import rpc, rpc_held, rpc_stream
 from .watch import Watches
 
@@ -179,7 +180,7 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         lease = self.ledger.lease(SessionId(request.session_id), request.lease_id, now,
                                   identity.of(context))
         resp = pb.LoadResponse()
-        self._block_refs(lease, resp.blocks)
+        self._block_refs(lease, resp.columns if request.columns else resp.blocks)
         if self._too_big(resp, len(lease.blocks), lease.session.ns.pages_per_block):
             raise ResourceExhausted(
                 f"the refs of lease {lease.id} take {resp.ByteSize()} bytes, above this daemon's "
@@ -189,23 +190,24 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         return resp
 
     def _block_refs(self, lease: Lease, out: Any) -> None:
-        """Append a BlockRef per leased block to `out` (a repeated BlockRef field):
-        Load's answer, or Match's with blocks=true. The client copies the bytes
-        itself, so handing out the refs is where a same-host load is counted,
-        with no duration the daemon could see; for a report_use lease, when
-        the Release reports which blocks were loaded."""
+        """The leased blocks' refs, into `out`: a repeated BlockRef field
+        (Load's answer, or Match's with blocks=true) or a BlockColumns (Load's
+        asked with columns). The client copies the bytes itself, so handing
+        out the refs is where a same-host load is counted, with no duration
+        the daemon could see; for a report_use lease, when the Release
+        reports which blocks were loaded."""
         lease.refs_out = True
-        blocks: Iterable[Block] = lease.blocks
-        nbytes = 0
-        # Built in place with add(): about half the cost of building and copying sub-messages.
-        for b in blocks:
-            algo, value = b.checksum or (0, 0)
-            ref = out.add(key=b.key, checksum_algo=algo, checksum=value)
-            for o, n in self._extents(b):
-                ref.extents.add(offset=o, length=n)
-            nbytes += b.ns.block_bytes
+        blocks: list[Block] = lease.blocks
+        keys = [b.key for b in blocks]
+        sums = [b.checksum or (0, 0) for b in blocks]
+        extents = [self._extents(b) for b in blocks]
+        if isinstance(out, pb.BlockColumns):
+            fill_block_columns(out, keys, sums, extents)
+        else:
+            fill_refs(out, keys, sums, extents)
         if not lease.report_use:
-            self.metrics.observe_transfer("load", "shm", nbytes, None)
+            self.metrics.observe_transfer("load", "shm", sum(b.ns.block_bytes for b in blocks),
+                                          None)
 
     @rpc_stream
     async def LoadStream(self, request: pb.LoadRequest, context: Any) -> AsyncIterator[bytes]:
@@ -292,11 +294,9 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
                                 track_writes=stream, parent=parent, owner=identity.of(context))
         resp = pb.ReserveSaveResponse(reservation_id=r.reservation_id or 0,
                                       expires_in_seconds=r.expires_at - now, pack_writes=stream)
-        for status, b in zip(r.statuses, r.blocks):
-            slot = resp.slots.add(status=SLOT_TO_PB[status])
-            if b is not None and not stream:
-                for o, n in self._extents(b):
-                    slot.extents.add(offset=o, length=n)
+        fill_slots(resp, [SLOT_TO_PB[s] for s in r.statuses],
+                   [() if b is None or stream else self._extents(b) for b in r.blocks],
+                   request.columns)
         return resp
 
     @rpc

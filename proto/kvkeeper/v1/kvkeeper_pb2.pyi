@@ -207,24 +207,44 @@ class BlockRef(_message.Message):
     def __init__(self, key: _Optional[bytes] = ..., extents: _Optional[_Iterable[_Union[Extent, _Mapping]]] = ..., checksum_algo: _Optional[_Union[ChecksumAlgo, str]] = ..., checksum: _Optional[int] = ...) -> None: ...
 
 class LoadRequest(_message.Message):
-    __slots__ = ("session_id", "lease_id", "pack_blocks", "keys", "report_use")
+    __slots__ = ("session_id", "lease_id", "pack_blocks", "keys", "report_use", "columns")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     PACK_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     REPORT_USE_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     lease_id: int
     pack_blocks: bool
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     report_use: bool
-    def __init__(self, session_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., pack_blocks: _Optional[bool] = ..., keys: _Optional[_Iterable[bytes]] = ..., report_use: _Optional[bool] = ...) -> None: ...
+    columns: bool
+    def __init__(self, session_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., pack_blocks: _Optional[bool] = ..., keys: _Optional[_Iterable[bytes]] = ..., report_use: _Optional[bool] = ..., columns: _Optional[bool] = ...) -> None: ...
 
 class LoadResponse(_message.Message):
-    __slots__ = ("blocks",)
+    __slots__ = ("blocks", "columns")
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     blocks: _containers.RepeatedCompositeFieldContainer[BlockRef]
-    def __init__(self, blocks: _Optional[_Iterable[_Union[BlockRef, _Mapping]]] = ...) -> None: ...
+    columns: BlockColumns
+    def __init__(self, blocks: _Optional[_Iterable[_Union[BlockRef, _Mapping]]] = ..., columns: _Optional[_Union[BlockColumns, _Mapping]] = ...) -> None: ...
+
+class BlockColumns(_message.Message):
+    __slots__ = ("key", "checksum_algo", "checksum", "extent_count", "offset", "length")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_ALGO_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    EXTENT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    key: _containers.RepeatedScalarFieldContainer[bytes]
+    checksum_algo: _containers.RepeatedScalarFieldContainer[ChecksumAlgo]
+    checksum: _containers.RepeatedScalarFieldContainer[int]
+    extent_count: _containers.RepeatedScalarFieldContainer[int]
+    offset: _containers.RepeatedScalarFieldContainer[int]
+    length: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, key: _Optional[_Iterable[bytes]] = ..., checksum_algo: _Optional[_Iterable[_Union[ChecksumAlgo, str]]] = ..., checksum: _Optional[_Iterable[int]] = ..., extent_count: _Optional[_Iterable[int]] = ..., offset: _Optional[_Iterable[int]] = ..., length: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BlockChunk(_message.Message):
     __slots__ = ("index", "offset", "data", "checksum_algo", "checksum", "checksums", "lease_id", "matched")
@@ -247,16 +267,18 @@ class BlockChunk(_message.Message):
     def __init__(self, index: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., checksum_algo: _Optional[_Union[ChecksumAlgo, str]] = ..., checksum: _Optional[int] = ..., checksums: _Optional[_Iterable[int]] = ..., lease_id: _Optional[int] = ..., matched: _Optional[int] = ...) -> None: ...
 
 class ReserveSaveRequest(_message.Message):
-    __slots__ = ("session_id", "keys", "transport", "parent_key")
+    __slots__ = ("session_id", "keys", "transport", "parent_key", "columns")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     PARENT_KEY_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     transport: Transport
     parent_key: bytes
-    def __init__(self, session_id: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., transport: _Optional[_Union[Transport, str]] = ..., parent_key: _Optional[bytes] = ...) -> None: ...
+    columns: bool
+    def __init__(self, session_id: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., transport: _Optional[_Union[Transport, str]] = ..., parent_key: _Optional[bytes] = ..., columns: _Optional[bool] = ...) -> None: ...
 
 class SaveSlot(_message.Message):
     __slots__ = ("status", "extents")
@@ -267,16 +289,30 @@ class SaveSlot(_message.Message):
     def __init__(self, status: _Optional[_Union[SlotStatus, str]] = ..., extents: _Optional[_Iterable[_Union[Extent, _Mapping]]] = ...) -> None: ...
 
 class ReserveSaveResponse(_message.Message):
-    __slots__ = ("reservation_id", "slots", "expires_in_seconds", "pack_writes")
+    __slots__ = ("reservation_id", "slots", "expires_in_seconds", "pack_writes", "columns")
     RESERVATION_ID_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_IN_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PACK_WRITES_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     reservation_id: int
     slots: _containers.RepeatedCompositeFieldContainer[SaveSlot]
     expires_in_seconds: float
     pack_writes: bool
-    def __init__(self, reservation_id: _Optional[int] = ..., slots: _Optional[_Iterable[_Union[SaveSlot, _Mapping]]] = ..., expires_in_seconds: _Optional[float] = ..., pack_writes: _Optional[bool] = ...) -> None: ...
+    columns: SlotColumns
+    def __init__(self, reservation_id: _Optional[int] = ..., slots: _Optional[_Iterable[_Union[SaveSlot, _Mapping]]] = ..., expires_in_seconds: _Optional[float] = ..., pack_writes: _Optional[bool] = ..., columns: _Optional[_Union[SlotColumns, _Mapping]] = ...) -> None: ...
+
+class SlotColumns(_message.Message):
+    __slots__ = ("status", "extent_count", "offset", "length")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    EXTENT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    status: _containers.RepeatedScalarFieldContainer[SlotStatus]
+    extent_count: _containers.RepeatedScalarFieldContainer[int]
+    offset: _containers.RepeatedScalarFieldContainer[int]
+    length: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, status: _Optional[_Iterable[_Union[SlotStatus, str]]] = ..., extent_count: _Optional[_Iterable[int]] = ..., offset: _Optional[_Iterable[int]] = ..., length: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class WriteChunk(_message.Message):
     __slots__ = ("session_id", "reservation_id", "index", "offset", "data")
