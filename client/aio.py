@@ -230,7 +230,7 @@ class AsyncClient:
         """
         return await self._leases.match(keys, lease, blocks, report_use)
 
-    def arena_views(self, refs: Sequence[pb.BlockRef]) -> Optional[List[List[memoryview]]]:
+    def arena_views(self, refs: Sequence[Any]) -> Optional[List[List[memoryview]]]:
         """Zero-copy views of blocks in the mapped arena: for each BlockRef (from
         MatchResult.blocks), read-only memoryviews of its extents, in order;
         together they hold block_bytes bytes. None when no arena is mapped

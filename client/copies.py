@@ -27,7 +27,7 @@ from .arena_format import Extent
 from .arena_mapping import ArenaMapping
 from .checksum import ALGOS, OFFLOAD_BYTES, Hasher
 
-__all__ = ["Stored", "extents_of", "slots_of", "stored", "stored_of", "read_verified", "write_summed", "load_verified",
+__all__ = ["Stored", "extents_of", "stored", "read_verified", "write_summed", "load_verified",
            "save_summed", "copy_threads", "shards"]
 
 
@@ -43,50 +43,6 @@ def extents_of(msg: Any) -> List[Extent]:
     protobuf runtime answers a second pass over the same fields several
     times slower (its wrappers were dropped after the first)."""
     return [(e.offset, e.length) for e in msg]
-
-
-def slots_of(resp: Any) -> List[Tuple[int, List[Extent]]]:
-    """(status, extents) of each slot of a ReserveSaveResponse: from its
-    SlotColumns when the daemon answered with them, else from its SaveSlots
-    (a daemon that ignores ReserveSaveRequest.columns). ValueError when the
-    columns do not add up."""
-    if not resp.HasField("columns"):
-        return [(s.status, extents_of(s.extents)) for s in resp.slots]
-    c = resp.columns
-    status = list(c.status)
-    return list(zip(status, _column_extents(c, len(status))))
-
-
-def stored_of(resp: Any) -> List[Stored]:
-    """`stored` of a LoadResponse's refs: from its BlockColumns when the
-    daemon answered with them, else from its BlockRefs (a daemon that
-    ignores LoadRequest.columns). ValueError when the columns do not add up."""
-    if not resp.HasField("columns"):
-        return stored(resp.blocks)
-    c = resp.columns
-    algos, sums = list(c.checksum_algo), list(c.checksum)
-    if len(sums) != len(algos):
-        raise ValueError(f"block columns do not add up: {len(algos)} checksum algorithms, "
-                         f"{len(sums)} checksums")
-    return list(zip(algos, sums, _column_extents(c, len(algos))))
-
-
-def _column_extents(c: Any, n: int) -> List[List[Extent]]:
-    """The extents of each of n slots or refs, from a columns message's
-    extent_count, offset and length (SlotColumns, BlockColumns)."""
-    counts = list(c.extent_count)
-    pairs = list(zip(c.offset, c.length))
-    if len(counts) != n or len(c.offset) != len(c.length) or sum(counts) != len(pairs):
-        raise ValueError(f"columns do not add up: {n} entries, {len(counts)} extent counts "
-                         f"adding up to {sum(counts)}, {len(c.offset)} offsets, "
-                         f"{len(c.length)} lengths")
-    if counts.count(1) == n:     # the usual: one extent per block
-        return [[p] for p in pairs]
-    out, at = [], 0
-    for k in counts:
-        out.append(pairs[at:at + k])
-        at += k
-    return out
 
 
 def stored(refs: Sequence[pb.BlockRef]) -> List[Stored]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import List, Mapping, Optional, Sequence
+from typing import Any, List, Mapping, Optional, Sequence
 
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
@@ -29,13 +29,16 @@ class MatchResult:
     """`matched` leading keys are cached; `tiers[i]` is a kvkeeper_pb2.Tier value;
     `lease_id` is None unless a lease was asked for and something matched.
     `blocks`: with match(..., lease=True, blocks=True) on a client that maps
-    the arena, the leased blocks' kvkeeper_pb2.BlockRef (arena extents and
-    checksum), one per leased block in lease order, for `arena_views`; else empty."""
+    the arena, the leased blocks' refs (arena extents and checksum), one per
+    leased block in lease order, for `arena_views`; else empty. Each is a
+    columns.Ref (a NamedTuple with a BlockRef's fields: key, extents of
+    offset and length, checksum_algo, checksum), or a kvkeeper_pb2.BlockRef
+    from a daemon that does not answer in columns."""
 
     matched: int
     tiers: List[int]
     lease_id: Optional[int]
-    blocks: List[pb.BlockRef] = field(default_factory=list)
+    blocks: List[Any] = field(default_factory=list)   # columns.Ref or pb.BlockRef
     # The gpu tier: another engine's own KV cache holds the leading
     # gpu_matched keys (as its connector reported; not loadable from here).
     gpu_matched: int = 0
@@ -67,7 +70,7 @@ class Leases:
         ask = blocks and self._transport.mapping is not None
         matched, tiers, lease_id = 0, [], None
         gpu_matched, gpu_engine = 0, ""
-        refs: List[pb.BlockRef] = []
+        refs: List[Any] = []
         for start in range(0, len(keys), limit):
             part = keys[start:start + limit]
             resp = await s.unary(
@@ -86,7 +89,7 @@ class Leases:
                 break
         return MatchResult(matched, tiers, lease_id, refs, gpu_matched, gpu_engine)
 
-    async def _leased_refs(self, resp: MatchReply) -> List[pb.BlockRef]:
+    async def _leased_refs(self, resp: MatchReply) -> List[Any]:
         """The BlockRefs of the lease a Match(blocks=true) granted. On any
         failure the lease is released, since the caller never learns its id."""
         try:

@@ -18,7 +18,8 @@ from kvkeeper.v1 import kvkeeper_pb2 as pb
 from .checks import block_views
 from .checksum import StreamSums, verify
 from .arena_format import Extent
-from .copies import Stored, extents_of, load_verified, stored_of
+from .columns import stored_of
+from .copies import Stored, extents_of, load_verified
 from .errors import ChecksumError, from_rpc_error, protocol_error
 from .retry import call_with_retry
 from .session import Session
@@ -75,7 +76,7 @@ class Loads:
         except ValueError as e:
             raise protocol_error(f"Load: {e}") from None
 
-    def arena_views(self, refs: Sequence[pb.BlockRef]) -> Optional[List[List[memoryview]]]:
+    def arena_views(self, refs: Sequence[Any]) -> Optional[List[List[memoryview]]]:
         """See AsyncClient.arena_views. Synchronous and safe from any thread:
         it only reads the mapping."""
         m = self._transport.mapping

@@ -19,7 +19,8 @@ from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 from .checks import block_views, check_keys
 from .checksum import StreamSums
-from .copies import save_summed, slots_of
+from .columns import slots_of
+from .copies import save_summed
 from .errors import KVKeeperClientError, from_rpc_error, protocol_error
 from .session import Session
 from .stream import write_blocks_method, write_frames, write_pack_bytes

@@ -262,7 +262,7 @@ class Client:
                 response_deserializer=parse_match_response)
         return rpc
 
-    def arena_views(self, refs: Sequence[pb.BlockRef]) -> Optional[List[List[memoryview]]]:
+    def arena_views(self, refs: Sequence[Any]) -> Optional[List[List[memoryview]]]:
         # No hop to the loop thread: AsyncClient.arena_views only reads the mapping.
         return self._aclient.arena_views(refs)
 

@@ -32,6 +32,8 @@ from typing import Any, List, NamedTuple, Sequence, Tuple
 
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
+from .columns import refs_of
+
 __all__ = ["Chunk", "MatchReply", "WriteChunkView", "encode_block_chunk",
            "encode_match_request", "encode_match_response", "encode_stream_head",
            "encode_write_chunk",
@@ -303,7 +305,8 @@ def parse_write_chunk(buf: bytes) -> WriteChunkView:
 # ---------------------------------------------------------------- Match
 
 class MatchReply(NamedTuple):
-    """A parsed MatchResponse; `blocks`: its BlockRefs (kvkeeper_pb2), often none."""
+    """A parsed MatchResponse; `blocks`: its refs (kvkeeper_pb2.BlockRef, or
+    columns.Ref when the daemon answered in columns), often none."""
 
     matched: int
     tiers: List[int]
@@ -316,6 +319,7 @@ class MatchReply(NamedTuple):
 
 _KEY_TAG = _varint(2 << 3 | 2)
 _FLAGS = (b"\x18\x01", b"\x20\x01", b"\x28\x01")  # fields 3, 4, 5 (bools), when true
+_COLUMNS = b"\x30\x01"                              # field 6: refs as BlockColumns
 
 
 def encode_match_request(session_id: str, keys: Sequence[bytes], key_bytes: int,
@@ -332,6 +336,8 @@ def encode_match_request(session_id: str, keys: Sequence[bytes], key_bytes: int,
         for k in keys:  # a repeated field writes empty values too
             out += (_KEY_TAG, _varint(len(k)), k)
     out += [field for flag, field in zip((lease, blocks, report_use), _FLAGS) if flag]
+    if blocks:
+        out.append(_COLUMNS)   # the refs read back as columns.Ref
     return b"".join(out)
 
 
@@ -374,5 +380,11 @@ def parse_match_response(buf: bytes) -> MatchReply:
     if pos == end:
         return MatchReply(matched & _U32, tiers, lease_id, ())
     m = pb.MatchResponse.FromString(buf)
-    return MatchReply(m.matched, list(m.tiers), m.lease_id, m.blocks, m.gpu_matched,
+    blocks: Sequence[Any] = m.blocks
+    if m.HasField("columns"):
+        try:
+            blocks = refs_of(m.columns)
+        except ValueError as e:
+            raise WireError(f"MatchResponse: {e}") from None
+    return MatchReply(m.matched, list(m.tiers), m.lease_id, blocks, m.gpu_matched,
                       m.gpu_engine)

@@ -158,12 +158,13 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         # Taken from the table, not ledger.lease(): nothing may fail once a
         # lease exists that the client would never hear of.
         lease = self.ledger.leases[r.lease_id]
-        self._block_refs(lease, resp.blocks)
+        self._block_refs(lease, resp.columns if request.columns else resp.blocks)
         if self._too_big(resp, len(lease.blocks), lease.session.ns.pages_per_block):
             # grpc would refuse to send it and the lease would be lost: answer
             # without the refs, as a daemon that ignores `blocks` does; the
             # client then asks Load, which says what is too big.
             del resp.blocks[:]
+            resp.ClearField("columns")
         return resp
 
     def _too_big(self, resp: Any, blocks: int, pages_per_block: int) -> bool:

@@ -9,8 +9,9 @@ from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvkeeper.client.wire import (encode_match_request, encode_match_response,
+from kvkeeper.client.wire import (WireError, encode_match_request, encode_match_response,
                                   parse_match_response)
+from kvkeeper.server.api.convert import fill_block_columns, fill_refs
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 SIDS = st.text(max_size=40)
@@ -24,8 +25,9 @@ U32, U64 = (1 << 32) - 1, (1 << 64) - 1
 def test_request_of_equal_length_keys_is_what_protobuf_writes(sid, kb, n, lease, blocks,
                                                               report, data):
     keys = [data.draw(st.binary(min_size=kb, max_size=kb)) for _ in range(n)]
+    # With blocks, the refs are asked for as columns (client/columns.py).
     want = pb.MatchRequest(session_id=sid, keys=keys, lease=lease, blocks=blocks,
-                           report_use=report).SerializeToString()
+                           report_use=report, columns=blocks).SerializeToString()
     assert encode_match_request(sid, keys, kb, lease, blocks, report) == want
 
 
@@ -86,3 +88,34 @@ def test_a_broken_answer_fails_as_protobuf_fails(buf):
         pb.MatchResponse.FromString(buf)
     with pytest.raises(DecodeError):
         parse_match_response(buf)
+
+
+EXTENTS = st.lists(st.tuples(st.integers(0, U64), st.integers(0, U64)), max_size=3)
+
+
+@settings(max_examples=100, deadline=None)
+@given(refs=st.lists(st.tuples(st.binary(max_size=40), st.integers(0, 2), st.integers(0, U64),
+                               EXTENTS), max_size=20))
+def test_refs_in_columns_read_as_the_block_refs_they_stand_for(refs):
+    keys = [k for k, _, _, _ in refs]
+    sums = [(a, v) for _, a, v, _ in refs]
+    exts = [e for _, _, _, e in refs]
+    plain = pb.MatchResponse(matched=len(refs), lease_id=3)
+    fill_refs(plain.blocks, keys, sums, exts)
+    cols = pb.MatchResponse(matched=len(refs), lease_id=3)
+    fill_block_columns(cols.columns, keys, sums, exts)
+    want = parse_match_response(plain.SerializeToString()).blocks
+    got = parse_match_response(cols.SerializeToString()).blocks
+    assert len(got) == len(want) == len(refs)
+    for g, w in zip(got, want):
+        assert (g.key, g.checksum_algo, g.checksum) == (w.key, w.checksum_algo, w.checksum)
+        assert [(e.offset, e.length) for e in g.extents] == \
+            [(e.offset, e.length) for e in w.extents]
+
+
+def test_columns_that_do_not_add_up_are_a_wire_error():
+    m = pb.MatchResponse(matched=1, lease_id=3)
+    fill_block_columns(m.columns, [b"k"], [(2, 5)], [[(8, 4)]])
+    m.columns.key.append(b"extra")
+    with pytest.raises(WireError, match="do not add up"):
+        parse_match_response(m.SerializeToString())

@@ -157,34 +157,38 @@ class SessionEvent(_message.Message):
     def __init__(self, ended: _Optional[_Union[SessionEnd, str]] = ...) -> None: ...
 
 class MatchRequest(_message.Message):
-    __slots__ = ("session_id", "keys", "lease", "blocks", "report_use")
+    __slots__ = ("session_id", "keys", "lease", "blocks", "report_use", "columns")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     REPORT_USE_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     lease: bool
     blocks: bool
     report_use: bool
-    def __init__(self, session_id: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease: _Optional[bool] = ..., blocks: _Optional[bool] = ..., report_use: _Optional[bool] = ...) -> None: ...
+    columns: bool
+    def __init__(self, session_id: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease: _Optional[bool] = ..., blocks: _Optional[bool] = ..., report_use: _Optional[bool] = ..., columns: _Optional[bool] = ...) -> None: ...
 
 class MatchResponse(_message.Message):
-    __slots__ = ("matched", "tiers", "lease_id", "blocks", "gpu_matched", "gpu_engine")
+    __slots__ = ("matched", "tiers", "lease_id", "blocks", "gpu_matched", "gpu_engine", "columns")
     MATCHED_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     GPU_MATCHED_FIELD_NUMBER: _ClassVar[int]
     GPU_ENGINE_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     matched: int
     tiers: _containers.RepeatedScalarFieldContainer[Tier]
     lease_id: int
     blocks: _containers.RepeatedCompositeFieldContainer[BlockRef]
     gpu_matched: int
     gpu_engine: str
-    def __init__(self, matched: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., lease_id: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[BlockRef, _Mapping]]] = ..., gpu_matched: _Optional[int] = ..., gpu_engine: _Optional[str] = ...) -> None: ...
+    columns: BlockColumns
+    def __init__(self, matched: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., lease_id: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[BlockRef, _Mapping]]] = ..., gpu_matched: _Optional[int] = ..., gpu_engine: _Optional[str] = ..., columns: _Optional[_Union[BlockColumns, _Mapping]] = ...) -> None: ...
 
 class Extent(_message.Message):
     __slots__ = ("offset", "length")

@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_servicer_errors import BLOCK, key, register
 
-from kvkeeper.client.copies import slots_of, stored, stored_of
+from kvkeeper.client.columns import refs_of, slots_of, stored_of
+from kvkeeper.client.copies import stored
 from kvkeeper.server.api.convert import fill_block_columns, fill_refs, fill_slots
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
@@ -123,4 +124,25 @@ async def test_load_answers_the_same_refs_either_way(daemon: Any, stub: Any) -> 
     assert stored_of(cols) == stored(plain.blocks) == [
         (pb.CHECKSUM_XXH3_64, 100 + i, e) for i, (_, e) in enumerate(slots_of(r))]
     assert list(cols.columns.key) == keys
+    daemon.ledger.check_invariants()
+
+
+async def test_match_answers_its_refs_in_columns_when_asked(daemon: Any, stub: Any) -> None:
+    sid = await register(stub)
+    keys = [key(i) for i in range(4)]
+    r = await stub.ReserveSave(pb.ReserveSaveRequest(session_id=sid, keys=keys,
+                                                     transport=pb.TRANSPORT_SHM, columns=True))
+    await stub.CommitSave(pb.CommitSaveRequest(
+        session_id=sid, reservation_id=r.reservation_id, checksum_algo=pb.CHECKSUM_XXH3_64,
+        checksums=[7 + i for i in range(4)]))
+    plain = await stub.Match(pb.MatchRequest(session_id=sid, keys=keys, lease=True, blocks=True))
+    cols = await stub.Match(pb.MatchRequest(session_id=sid, keys=keys, lease=True, blocks=True,
+                                            columns=True))
+    assert len(plain.blocks) == 4 and not plain.HasField("columns")
+    assert not cols.blocks and cols.HasField("columns")
+    want = [(b.key, b.checksum_algo, b.checksum, [(e.offset, e.length) for e in b.extents])
+            for b in plain.blocks]
+    assert [(r.key, r.checksum_algo, r.checksum, [(e.offset, e.length) for e in r.extents])
+            for r in refs_of(cols.columns)] == want
+    assert [w[3] for w in want] == [e for _, e in slots_of(r)]
     daemon.ledger.check_invariants()
