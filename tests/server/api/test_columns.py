@@ -108,14 +108,21 @@ def test_load_columns_that_do_not_add_up_are_refused() -> None:
         stored_of(resp)
 
 
-async def test_load_answers_the_same_refs_either_way(daemon: Any, stub: Any) -> None:
+async def _saved(stub: Any, n: int, first_sum: int) -> tuple:
+    """A session with keys 0..n-1 committed over shm, checksums first_sum + i:
+    (session id, keys, the ReserveSave answer)."""
     sid = await register(stub)
-    keys = [key(i) for i in range(5)]
+    keys = [key(i) for i in range(n)]
     r = await stub.ReserveSave(pb.ReserveSaveRequest(session_id=sid, keys=keys,
                                                      transport=pb.TRANSPORT_SHM, columns=True))
     await stub.CommitSave(pb.CommitSaveRequest(
         session_id=sid, reservation_id=r.reservation_id, checksum_algo=pb.CHECKSUM_XXH3_64,
-        checksums=[100 + i for i in range(5)]))
+        checksums=[first_sum + i for i in range(n)]))
+    return sid, keys, r
+
+
+async def test_load_answers_the_same_refs_either_way(daemon: Any, stub: Any) -> None:
+    sid, keys, r = await _saved(stub, 5, 100)
     m = await stub.Match(pb.MatchRequest(session_id=sid, keys=keys, lease=True))
     plain = await stub.Load(pb.LoadRequest(session_id=sid, lease_id=m.lease_id))
     cols = await stub.Load(pb.LoadRequest(session_id=sid, lease_id=m.lease_id, columns=True))
@@ -128,13 +135,7 @@ async def test_load_answers_the_same_refs_either_way(daemon: Any, stub: Any) -> 
 
 
 async def test_match_answers_its_refs_in_columns_when_asked(daemon: Any, stub: Any) -> None:
-    sid = await register(stub)
-    keys = [key(i) for i in range(4)]
-    r = await stub.ReserveSave(pb.ReserveSaveRequest(session_id=sid, keys=keys,
-                                                     transport=pb.TRANSPORT_SHM, columns=True))
-    await stub.CommitSave(pb.CommitSaveRequest(
-        session_id=sid, reservation_id=r.reservation_id, checksum_algo=pb.CHECKSUM_XXH3_64,
-        checksums=[7 + i for i in range(4)]))
+    sid, keys, r = await _saved(stub, 4, 7)
     plain = await stub.Match(pb.MatchRequest(session_id=sid, keys=keys, lease=True, blocks=True))
     cols = await stub.Match(pb.MatchRequest(session_id=sid, keys=keys, lease=True, blocks=True,
                                             columns=True))
