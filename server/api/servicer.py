@@ -192,7 +192,7 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
 
     def _block_refs(self, lease: Lease, out: Any) -> None:
         """The leased blocks' refs, into `out`: a repeated BlockRef field
-        (Load's answer, or Match's with blocks=true) or a BlockColumns (Load's
+        (Load's answer, or Match's with blocks=true) or a BlockColumns (either's,
         asked with columns). The client copies the bytes itself, so handing
         out the refs is where a same-host load is counted, with no duration
         the daemon could see; for a report_use lease, when the Release
