@@ -1,7 +1,7 @@
 """Protobuf <-> ledger value conversion, kept out of the servicer's control flow."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
@@ -56,6 +56,29 @@ def fill_slots(resp: "pb.ReserveSaveResponse", statuses: Sequence[int],
     _extent_columns(c, extents)
 
 
+def block_runs(arena: Any, blocks: Sequence[Any]) -> Optional[tuple[list[Optional[int]], int]]:
+    """Where each of a reservation's or lease's blocks (one namespace's; None:
+    no block) lies in `arena` when each is one run of pages (Arena.run_offsets),
+    and their size; None when none is a block or one is not a single run (then
+    the caller asks Arena.extents block by block)."""
+    ns = next((b.ns for b in blocks if b is not None), None)
+    if ns is None:
+        return None
+    offsets = arena.run_offsets([None if b is None else b.pages for b in blocks],
+                                ns.pages_per_block, ns.block_bytes)
+    return None if offsets is None else (offsets, ns.block_bytes)
+
+
+def fill_slot_runs(resp: "pb.ReserveSaveResponse", statuses: Sequence[int],
+                   offsets: Sequence[Optional[int]], nbytes: int) -> None:
+    """fill_slots' columns where each reserved block is one run of `nbytes`
+    at offsets[i] (None: no extents), as Arena.run_offsets gives them."""
+    c: Any = resp.columns
+    c.SetInParent()
+    c.status.extend(statuses)
+    _run_columns(c, offsets, nbytes)
+
+
 def fill_refs(out: Any, keys: Sequence[bytes], sums: Sequence[tuple[int, int]],
               extents: Sequence[Extents]) -> None:
     """A BlockRef per block appended to `out` (a repeated BlockRef field):
@@ -75,6 +98,23 @@ def fill_block_columns(c: Any, keys: Sequence[bytes], sums: Sequence[tuple[int, 
     c.checksum_algo.extend([a for a, _ in sums])
     c.checksum.extend([v for _, v in sums])
     _extent_columns(c, extents)
+
+
+def fill_block_runs(c: Any, keys: Sequence[bytes], sums: Sequence[tuple[int, int]],
+                    offsets: Sequence[int], nbytes: int) -> None:
+    """fill_block_columns where each block is one run of `nbytes` at offsets[i]."""
+    c.SetInParent()
+    c.key.extend(keys)
+    c.checksum_algo.extend([a for a, _ in sums])
+    c.checksum.extend([v for _, v in sums])
+    _run_columns(c, offsets, nbytes)
+
+
+def _run_columns(c: Any, offsets: Sequence[Optional[int]], nbytes: int) -> None:
+    runs = [o for o in offsets if o is not None]
+    c.extent_count.extend([0 if o is None else 1 for o in offsets])
+    c.offset.extend(runs)
+    c.length.extend([nbytes] * len(runs))
 
 
 def _extent_columns(c: Any, extents: Sequence[Extents]) -> None:

@@ -25,8 +25,9 @@ from ..ledger.sessions import tag
 from ..tiers.stack import TierStack
 from ..quoting import clip
 from ..security import identity
-from .convert import (SLOT_TO_PB, descriptor_from_pb, fill_block_columns, fill_refs, fill_slots,
-                      report_from_pb, tier_to_pb)
+from .convert import (SLOT_TO_PB, block_runs, descriptor_from_pb, fill_block_columns,
+                      fill_block_runs, fill_refs, fill_slot_runs, fill_slots, report_from_pb,
+                      tier_to_pb)
 from .handler import rpc, rpc_held, rpc_stream
 from .watch import Watches
 
@@ -201,11 +202,13 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         blocks: list[Block] = lease.blocks
         keys = [b.key for b in blocks]
         sums = [b.checksum or (0, 0) for b in blocks]
-        extents = [self._extents(b) for b in blocks]
-        if isinstance(out, pb.BlockColumns):
-            fill_block_columns(out, keys, sums, extents)
+        runs = block_runs(self.arena, blocks) if isinstance(out, pb.BlockColumns) else None
+        if runs is not None:   # the usual answer: each block one run of pages
+            fill_block_runs(out, keys, sums, *runs)
+        elif isinstance(out, pb.BlockColumns):
+            fill_block_columns(out, keys, sums, [self._extents(b) for b in blocks])
         else:
-            fill_refs(out, keys, sums, extents)
+            fill_refs(out, keys, sums, [self._extents(b) for b in blocks])
         if not lease.report_use:
             self.metrics.observe_transfer("load", "shm", sum(b.ns.block_bytes for b in blocks),
                                           None)
@@ -295,7 +298,12 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
                                 track_writes=stream, parent=parent, owner=identity.of(context))
         resp = pb.ReserveSaveResponse(reservation_id=r.reservation_id or 0,
                                       expires_in_seconds=r.expires_at - now, pack_writes=stream)
-        fill_slots(resp, [SLOT_TO_PB[s] for s in r.statuses],
+        statuses = [SLOT_TO_PB[s] for s in r.statuses]
+        runs = block_runs(self.arena, r.blocks) if request.columns and not stream else None
+        if runs is not None:   # the usual answer: each block one run of pages
+            fill_slot_runs(resp, statuses, *runs)
+            return resp
+        fill_slots(resp, statuses,
                    [() if b is None or stream else self._extents(b) for b in r.blocks],
                    request.columns)
         return resp

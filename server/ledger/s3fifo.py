@@ -60,6 +60,7 @@ eviction at 1M blocks cost 2.6x its cost at 10k (README, ledger bench).
 """
 from __future__ import annotations
 
+import struct
 from array import array
 from typing import Any, Iterator, Sequence
 
@@ -71,7 +72,12 @@ from .recency import (ADMIT, COLD, COLD_RUN, FREQ, MAX_FREQ, Q1, Q2, QUEUE, REFU
 SMALL, MAIN = Q1, Q2
 
 
-def _hash(key: Any) -> int:
+_LO = struct.Struct("<Q").unpack_from
+_HI = struct.Struct(">Q").unpack_from
+_M64 = 0xFFFFFFFFFFFFFFFF
+
+
+def key_hash(key: Any) -> int:
     """A key's 64-bit hash, the same in every process. hash() of bytes, str
     and tuples of them is salted per process (PYTHONHASHSEED), which made
     which ghosts collide, and so admissions, the policy bench's ratios and
@@ -79,11 +85,17 @@ def _hash(key: Any) -> int:
     or more are mixed in (chains use digests), a shorter one whole with its
     length (tests name blocks b"c0"); a tuple (the disk book's (namespace,
     key)) folds its parts; then Fibonacci hashing spreads it. Ints hash the
-    same everywhere already."""
+    same everywhere already. A saved and evicted block's key is hashed
+    several times (admission, filing, the ghost it leaves), so the usual
+    case, a bytes key of 8 bytes or more, is read with two struct unpacks in
+    place: half the cost of slicing and int.from_bytes (~0.33 vs ~0.69 us)."""
+    if type(key) is bytes and len(key) >= 8:
+        h = ((_LO(key)[0] ^ _HI(key, len(key) - 8)[0]) * 0x9E3779B97F4A7C15) & _M64
+        return h ^ (h >> 29)
     if isinstance(key, tuple):
         h = len(key)
         for part in key:
-            h = ((h * 0x100000001B3) ^ _hash(part)) & 0xFFFFFFFFFFFFFFFF
+            h = ((h * 0x100000001B3) ^ key_hash(part)) & _M64
         return h
     if isinstance(key, str):
         key = key.encode()
@@ -92,7 +104,7 @@ def _hash(key: Any) -> int:
             x = int.from_bytes(key[:8], "little") ^ int.from_bytes(key[-8:], "big")
         else:
             x = int.from_bytes(key, "little") | (len(key) << 56)
-        h = (x * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+        h = (x * 0x9E3779B97F4A7C15) & _M64
         return h ^ (h >> 29)
     return hash(key)
 
@@ -106,11 +118,6 @@ class Ghost:
         self._table = array("H", bytes(2 * slots))
         self._mask = slots - 1
 
-    @staticmethod
-    def _fp(h: int) -> int:
-        # The hash's high bits (the slot takes the low ones); never 0, "empty".
-        return ((h >> 40) & 0xFFFF) or 1
-
     def fit(self, blocks: int) -> None:
         """Hold at least one slot per block of a cache of `blocks`."""
         if blocks > len(self._table):
@@ -121,18 +128,28 @@ class Ghost:
             self._mask = n - 1
 
     def put(self, key: Any) -> None:
-        h = _hash(key)
-        self._table[h & self._mask] = self._fp(h)
+        self.put_hash(key_hash(key))
 
     def __contains__(self, key: Any) -> bool:
-        h = _hash(key)
-        return self._table[h & self._mask] == self._fp(h)
+        return self.has_hash(key_hash(key))
 
     def take(self, key: Any) -> bool:
         """Whether `key` is a ghost; it stops being one."""
-        h = _hash(key)
+        return self.take_hash(key_hash(key))
+
+    # The same by key_hash(key): the policy hashes a key once for both tables.
+    # A slot holds the fingerprint ((h >> 40) & 0xFFFF) or 1: the hash's high
+    # bits (the slot takes the low ones), never 0 ("empty"). Written out in
+    # each, not called: these run for every saved and every evicted block.
+    def put_hash(self, h: int) -> None:
+        self._table[h & self._mask] = ((h >> 40) & 0xFFFF) or 1
+
+    def has_hash(self, h: int) -> bool:
+        return self._table[h & self._mask] == (((h >> 40) & 0xFFFF) or 1)
+
+    def take_hash(self, h: int) -> bool:
         i = h & self._mask
-        if self._table[i] == self._fp(h):
+        if self._table[i] == (((h >> 40) & 0xFFFF) or 1):
             self._table[i] = 0
             return True
         return False
@@ -171,6 +188,7 @@ class S3FIFOPolicy(EvictionPolicy):
         self.main_ghost = Ghost()
         self._key = key
         self._peak = 0
+        self._count = 0   # blocks in the three queues (len() on every add)
         # Probation's share, adapted as ARC adapts its target: a ghost hit (a
         # block probation let go too early came back) grows it by GROW, a block
         # probation lets go unhit shrinks it by SHRINK, within [MIN, MAX].
@@ -185,18 +203,18 @@ class S3FIFOPolicy(EvictionPolicy):
     def add(self, block: Any) -> None:
         if not block.pq & QUEUE:    # new: probation (or C), unless evicted lately
             q = SMALL
-            k = self._key(block)
-            if self.ghost.take(k):
+            h = key_hash(self._key(block))
+            if self.ghost.take_hash(h):
                 q = MAIN
                 self.share = min(self.MAX_SHARE, self.share + self.GROW)
-            elif self.main_ghost.take(k):
+            elif self.main_ghost.take_hash(h):
                 q = MAIN
                 self.share = max(self.MIN_SHARE, self.share - self.SHRINK_M)
             # A warm run's blocks (admit_run) keep their frequency of 1 on probation.
             drop = QUEUE | COLD | FREQ if q == MAIN else QUEUE
             block.pq = (block.pq & ~drop) | q
         self._list(block).append(block)
-        n = len(self)
+        n = self._count = self._count + 1
         if n > self._peak:
             self._peak = n
             self.ghost.fit(n * self.GHOST_SLOTS)
@@ -204,6 +222,7 @@ class S3FIFOPolicy(EvictionPolicy):
 
     def remove(self, block: Any) -> None:
         self._list(block).remove(block)
+        self._count -= 1
 
     def hit(self, block: Any) -> None:
         block.hits += 1
@@ -235,7 +254,8 @@ class S3FIFOPolicy(EvictionPolicy):
     def pop(self) -> Any:
         b = self._cold.popleft()
         if b is not None:
-            self.ghost.put(self._key(b))
+            self.ghost.put_hash(key_hash(self._key(b)))
+            self._count -= 1
             return b
         small, main = self._small, self._main
         while True:
@@ -248,15 +268,17 @@ class S3FIFOPolicy(EvictionPolicy):
                     b.pq = (b.pq & ~(QUEUE | FREQ)) | MAIN
                     main.append(b)
                     continue
-                self.ghost.put(self._key(b))
+                self.ghost.put_hash(key_hash(self._key(b)))
                 self.share = max(self.MIN_SHARE, self.share - self.SHRINK)
+                self._count -= 1
                 return b
             b = main.popleft()
             if b.pq & FREQ:              # reinserted, one hit the poorer
                 b.pq -= 1
                 main.append(b)
                 continue
-            self.main_ghost.put(self._key(b))
+            self.main_ghost.put_hash(key_hash(self._key(b)))
+            self._count -= 1
             return b
 
     def demote(self, block: Any) -> None:
@@ -267,13 +289,16 @@ class S3FIFOPolicy(EvictionPolicy):
         self._cold.append(block)
 
     def admits(self, node: Any, key: Any, hits: int) -> bool:
-        if hits or self.ghost.take(key):
+        h = key_hash(key)
+        if hits or self.ghost.take_hash(h):
             return True
-        self.ghost.put(key)
+        self.ghost.put_hash(h)
         return False
 
     def admit_run(self, keys: Sequence[Any], parent: Any, evicts: bool) -> str:
-        fresh = [k for k in keys if k not in self.ghost and k not in self.main_ghost]
+        ghost, main_ghost = self.ghost, self.main_ghost
+        fresh = [h for h in map(key_hash, keys)
+                 if not ghost.has_hash(h) and not main_ghost.has_hash(h)]
         # GONE (chains.py) has no pq: a save under a lost parent is filed
         # stranded, and goes first anyway.
         cold = len(fresh) > self.RUN or (parent is not None and parent is not GONE
@@ -282,8 +307,8 @@ class S3FIFOPolicy(EvictionPolicy):
             return WARM_RUN if self._continues(parent) else ADMIT
         if not evicts:
             return COLD_RUN
-        for k in fresh:
-            self.ghost.put(k)
+        for h in fresh:
+            ghost.put_hash(h)
         return REFUSE
 
     @staticmethod
@@ -296,7 +321,7 @@ class S3FIFOPolicy(EvictionPolicy):
                 and parent.hits == 1)
 
     def __len__(self) -> int:
-        return len(self._cold) + len(self._small) + len(self._main)
+        return self._count
 
     def __iter__(self) -> Iterator[Any]:
         """pop()'s order, simulated on copies (frequencies and queues as they

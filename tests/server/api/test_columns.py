@@ -3,6 +3,7 @@ LoadRequest.columns): the same slots and refs as the messages per slot and
 per block that every client without the flag still gets."""
 from __future__ import annotations
 
+from types import SimpleNamespace as NS
 from typing import Any
 
 import pytest
@@ -12,7 +13,8 @@ from test_servicer_errors import BLOCK, key, register
 
 from kvkeeper.client.columns import refs_of, slots_of, stored_of
 from kvkeeper.client.copies import stored
-from kvkeeper.server.api.convert import fill_block_columns, fill_refs, fill_slots
+from kvkeeper.server.api.convert import (block_runs, fill_block_columns, fill_block_runs,
+                                         fill_refs, fill_slot_runs, fill_slots)
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 _STATUS = st.sampled_from([pb.SLOT_RESERVED, pb.SLOT_PRESENT, pb.SLOT_IN_FLIGHT,
@@ -31,6 +33,41 @@ def test_both_answers_read_back_as_the_slots_given(slots: list) -> None:
         assert back.HasField("columns") is columns
         assert len(back.slots) == (0 if columns else len(slots))
         assert slots_of(back) == [(s, list(e)) for s, e in slots]
+
+
+_RUN = st.one_of(st.none(), st.integers(0, 2**48))
+
+
+@given(st.lists(st.tuples(_STATUS, _RUN), max_size=40), st.integers(1, 2**32))
+def test_slot_runs_answer_as_the_same_extents_do(slots: list, nbytes: int) -> None:
+    """The daemon's usual ReserveSave answer (each block one run of pages,
+    Arena.run_offsets) is the message the extents of each block make."""
+    statuses = [s for s, _ in slots]
+    runs = pb.ReserveSaveResponse(reservation_id=1)
+    fill_slot_runs(runs, statuses, [o for _, o in slots], nbytes)
+    ext = pb.ReserveSaveResponse(reservation_id=1)
+    fill_slots(ext, statuses, [[] if o is None else [(o, nbytes)] for _, o in slots], True)
+    assert runs == ext and runs.HasField("columns")
+
+
+@given(st.lists(st.tuples(st.binary(min_size=1, max_size=8), st.integers(0, 2),
+                          st.integers(0, 2**64 - 1), st.integers(0, 2**48)), max_size=40),
+       st.integers(1, 2**32))
+def test_block_runs_answer_as_the_same_extents_do(refs: list, nbytes: int) -> None:
+    keys, sums = [k for k, *_ in refs], [(a, v) for _, a, v, _ in refs]
+    runs, ext = pb.BlockColumns(), pb.BlockColumns()
+    fill_block_runs(runs, keys, sums, [o for *_, o in refs], nbytes)
+    fill_block_columns(ext, keys, sums, [[(o, nbytes)] for *_, o in refs])
+    assert runs == ext
+
+
+async def test_block_runs_only_where_every_block_is_one_run(daemon: Any) -> None:
+    arena, ns = daemon.arena, NS(pages_per_block=4, block_bytes=BLOCK)
+    d, pb_ = arena.data_offset, arena.page_bytes
+    assert block_runs(arena, [NS(pages=2, ns=ns), None]) == ([d + 2 * pb_, None], BLOCK)
+    assert block_runs(arena, [None, None]) is None and block_runs(arena, []) is None
+    # a block in pieces (pages freed here and there): extents block by block
+    assert block_runs(arena, [NS(pages=2, ns=ns), NS(pages=(9, 10, 4, 5), ns=ns)]) is None
 
 
 @pytest.mark.parametrize("field,extra", [("extent_count", 1), ("offset", 5), ("length", 5)])

@@ -119,6 +119,30 @@ def test_extents_fragmented(arena):
     assert arena.extents((4, 3), 2, 2 * PB) == [(d + 4 * PB, PB), (d + 3 * PB, PB)]
 
 
+def test_run_offsets_are_the_extents_of_single_runs(arena):
+    d = arena.data_offset
+    last = arena.page_count - 4
+    got = arena.run_offsets([3, None, 0, last], 4, 3 * PB + 1)
+    assert got == [d + 3 * PB, None, d, d + last * PB]
+    for p, off in zip([3, 0, last], [got[0], got[2], got[3]]):
+        assert arena.extents(p, 4, 3 * PB + 1) == [(off, 3 * PB + 1)]
+    assert arena.run_offsets([], 1, PB) == [] and arena.run_offsets([None], 1, PB) == [None]
+
+
+@pytest.mark.parametrize("pages,n_pages,nbytes", [
+    ([(5, 6, 2, 9)], 4, 4 * PB),    # fragmented: a tuple of pages (extents() answers it)
+    ([0, (5, 6)], 2, 2 * PB),       # one of several
+    ([13], 4, 4 * PB),              # past the last page
+    ([-1], 1, PB),
+    (["3"], 1, PB),                 # not a page number
+    ([0], 4, 4 * PB + 1),           # more bytes than the pages hold
+    ([0], 0, 1),
+    ([0], 1, 0),
+])
+def test_run_offsets_leave_everything_else_to_extents(arena, pages, n_pages, nbytes):
+    assert arena.run_offsets(pages, n_pages, nbytes) is None
+
+
 def test_extents_match_allocator_pages(arena):
     alloc = PageAllocator(arena.page_count)
     a = alloc.alloc(3)
