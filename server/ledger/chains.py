@@ -125,15 +125,16 @@ def private_run(hit: Sequence[Any]) -> int:
     one cached child is the next (a conversation's history, up to where
     another conversation or message branched off). Their hits are rereads
     (EvictionPolicy.reread)."""
-    n = len(hit)
-    if not n or hit[-1].child is not None:
+    if not hit or hit[-1].child is not None:
         return 0
     more = hit[-1].ns.more_kids
+    it = reversed(hit)
+    nxt = next(it)
     k = 1
-    while k < n:
-        b = hit[n - 1 - k]
-        if b.child is not hit[n - k] or b in more:
+    for b in it:   # a Match's whole run when it reads a conversation back: one pass
+        if b.child is not nxt or b in more:
             break
+        nxt = b
         k += 1
     return k
 

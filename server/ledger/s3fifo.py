@@ -247,6 +247,20 @@ class S3FIFOPolicy(EvictionPolicy):
             if not block.pq & FREQ:
                 block.pq += 1
 
+    def hit_all(self, blocks: Sequence[Any], rereads: int = 0) -> None:
+        """reread() the first `rereads`, hit() the rest, in one pass: a
+        Match's hits (256 keys and more) cost a method call each otherwise.
+        The same moves: a cold block goes to main (hit()), any other only
+        counts."""
+        for i, b in enumerate(blocks):
+            pq = b.pq
+            if pq & COLD:
+                self.hit(b)
+                continue
+            b.hits += 1
+            if (pq & FREQ < MAX_FREQ) if i >= rereads else not pq & FREQ:
+                b.pq = pq + 1
+
     @staticmethod
     def _take_small(s: int, m: int, share: float) -> bool:
         return s > 0 and (m == 0 or s >= share * (s + m))

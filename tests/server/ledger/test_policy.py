@@ -82,17 +82,21 @@ def test_iteration_is_the_pop_order_and_holds_exactly_the_evictable(name, ops):
 @pytest.mark.parametrize("name", NAMES)
 @settings(max_examples=80, deadline=None)
 @given(runs=st.lists(st.tuples(st.lists(st.integers(0, 5), max_size=8), st.integers(0, 8)),
-                     max_size=5))
-def test_hit_all_equals_one_hit_or_reread_per_block(name, runs):
+                     max_size=5), demoted=st.sets(st.integers(0, 5)))
+def test_hit_all_equals_one_hit_or_reread_per_block(name, runs, demoted):
     """A lookup's run of hits in one call, hit_all(run, rereads=k): the same
     counts and order as reread() of the first k and hit() of the rest, each
-    counted once in block.hits (k = 0: all hits)."""
+    counted once in block.hits (k = 0: all hits), demoted blocks (s3fifo's
+    cold queue) among them."""
     one, batch = make_policy(name), make_policy(name)
     a = [Blk(str(i)) for i in range(6)]
     b = [Blk(str(i)) for i in range(6)]
     for x, y in zip(a, b):
         one.add(x)
         batch.add(y)
+    for i in sorted(demoted):
+        one.demote(a[i])
+        batch.demote(b[i])
     for run, k in runs:
         before = sum(x.hits for x in a)
         for j, i in enumerate(run):
