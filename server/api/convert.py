@@ -50,10 +50,7 @@ def fill_slots(resp: "pb.ReserveSaveResponse", statuses: Sequence[int],
             for o, n in ext:
                 slot.extents.add(offset=o, length=n)
         return
-    c: Any = resp.columns
-    c.SetInParent()   # present even with no keys: the client reads the columns
-    c.status.extend(statuses)
-    _extent_columns(c, extents)
+    _extent_columns(_slot_columns(resp, statuses), extents)
 
 
 def block_runs(arena: Any, blocks: Sequence[Any]) -> Optional[tuple[list[Optional[int]], int]]:
@@ -73,10 +70,15 @@ def fill_slot_runs(resp: "pb.ReserveSaveResponse", statuses: Sequence[int],
                    offsets: Sequence[Optional[int]], nbytes: int) -> None:
     """fill_slots' columns where each reserved block is one run of `nbytes`
     at offsets[i] (None: no extents), as Arena.run_offsets gives them."""
+    _run_columns(_slot_columns(resp, statuses), offsets, nbytes)
+
+
+def _slot_columns(resp: "pb.ReserveSaveResponse", statuses: Sequence[int]) -> Any:
+    """resp's SlotColumns with the statuses in; the extents are the caller's."""
     c: Any = resp.columns
-    c.SetInParent()
+    c.SetInParent()   # present even with no keys: the client reads the columns
     c.status.extend(statuses)
-    _run_columns(c, offsets, nbytes)
+    return c
 
 
 def fill_refs(out: Any, keys: Sequence[bytes], sums: Sequence[tuple[int, int]],
@@ -93,21 +95,23 @@ def fill_refs(out: Any, keys: Sequence[bytes], sums: Sequence[tuple[int, int]],
 def fill_block_columns(c: Any, keys: Sequence[bytes], sums: Sequence[tuple[int, int]],
                        extents: Sequence[Extents]) -> None:
     """The same refs as fill_refs', into a BlockColumns message `c`."""
-    c.SetInParent()
-    c.key.extend(keys)
-    c.checksum_algo.extend([a for a, _ in sums])
-    c.checksum.extend([v for _, v in sums])
+    _block_columns(c, keys, sums)
     _extent_columns(c, extents)
 
 
 def fill_block_runs(c: Any, keys: Sequence[bytes], sums: Sequence[tuple[int, int]],
                     offsets: Sequence[int], nbytes: int) -> None:
     """fill_block_columns where each block is one run of `nbytes` at offsets[i]."""
+    _block_columns(c, keys, sums)
+    _run_columns(c, offsets, nbytes)
+
+
+def _block_columns(c: Any, keys: Sequence[bytes], sums: Sequence[tuple[int, int]]) -> None:
+    """A BlockColumns' keys and checksums; the extents are the caller's."""
     c.SetInParent()
     c.key.extend(keys)
     c.checksum_algo.extend([a for a, _ in sums])
     c.checksum.extend([v for _, v in sums])
-    _run_columns(c, offsets, nbytes)
 
 
 def _run_columns(c: Any, offsets: Sequence[Optional[int]], nbytes: int) -> None:

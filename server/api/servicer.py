@@ -202,13 +202,12 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         blocks: list[Block] = lease.blocks
         keys = [b.key for b in blocks]
         sums = [b.checksum or (0, 0) for b in blocks]
-        runs = block_runs(self.arena, blocks) if isinstance(out, pb.BlockColumns) else None
-        if runs is not None:   # the usual answer: each block one run of pages
-            fill_block_runs(out, keys, sums, *runs)
-        elif isinstance(out, pb.BlockColumns):
-            fill_block_columns(out, keys, sums, [self._extents(b) for b in blocks])
-        else:
+        if not isinstance(out, pb.BlockColumns):
             fill_refs(out, keys, sums, [self._extents(b) for b in blocks])
+        elif (runs := block_runs(self.arena, blocks)) is not None:
+            fill_block_runs(out, keys, sums, *runs)   # the usual answer: one run of pages each
+        else:
+            fill_block_columns(out, keys, sums, [self._extents(b) for b in blocks])
         if not lease.report_use:
             self.metrics.observe_transfer("load", "shm", sum(b.ns.block_bytes for b in blocks),
                                           None)

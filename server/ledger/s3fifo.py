@@ -89,8 +89,12 @@ def key_hash(key: Any) -> int:
     several times (admission, filing, the ghost it leaves), so the usual
     case, a bytes key of 8 bytes or more, is read with two struct unpacks in
     place: half the cost of slicing and int.from_bytes (~0.33 vs ~0.69 us)."""
-    if type(key) is bytes and len(key) >= 8:
-        h = ((_LO(key)[0] ^ _HI(key, len(key) - 8)[0]) * 0x9E3779B97F4A7C15) & _M64
+    if isinstance(key, bytes):   # the usual case first
+        if len(key) >= 8:
+            x = _LO(key)[0] ^ _HI(key, len(key) - 8)[0]   # both ends, little / big endian
+        else:
+            x = int.from_bytes(key, "little") | (len(key) << 56)
+        h = (x * 0x9E3779B97F4A7C15) & _M64
         return h ^ (h >> 29)
     if isinstance(key, tuple):
         h = len(key)
@@ -98,14 +102,7 @@ def key_hash(key: Any) -> int:
             h = ((h * 0x100000001B3) ^ key_hash(part)) & _M64
         return h
     if isinstance(key, str):
-        key = key.encode()
-    if isinstance(key, bytes):
-        if len(key) >= 8:
-            x = int.from_bytes(key[:8], "little") ^ int.from_bytes(key[-8:], "big")
-        else:
-            x = int.from_bytes(key, "little") | (len(key) << 56)
-        h = (x * 0x9E3779B97F4A7C15) & _M64
-        return h ^ (h >> 29)
+        return key_hash(key.encode())
     return hash(key)
 
 
@@ -303,8 +300,10 @@ class S3FIFOPolicy(EvictionPolicy):
         self._cold.append(block)
 
     def admits(self, node: Any, key: Any, hits: int) -> bool:
+        if hits:
+            return True
         h = key_hash(key)
-        if hits or self.ghost.take_hash(h):
+        if self.ghost.take_hash(h):
             return True
         self.ghost.put_hash(h)
         return False
