@@ -12,8 +12,6 @@ import asyncio
 import logging
 import os
 import signal
-import socket
-import stat
 import time
 from dataclasses import replace
 from typing import Any, Callable, Optional
@@ -39,6 +37,7 @@ from .ops import grpclog, logsetup
 from .ops.gcpolicy import GcPolicy
 from .ops.reload import plan_reload
 from .ops.sdnotify import notify as sd_notify
+from .ops.socketpath import claim_socket_path
 from .ops.sdnotify import start_progress
 from .ops.watch import CounterWatch
 from .peer.metrics import PeerCollector
@@ -57,23 +56,9 @@ SERVICE_NAME = kvkeeper_pb2.DESCRIPTOR.services_by_name["KVKeeper"].full_name
 ADMIN_SERVICE_NAME = admin_pb2.DESCRIPTOR.services_by_name["KVKeeperAdmin"].full_name
 RESIDENCY_SERVICE_NAME = residency_pb2.DESCRIPTOR.services_by_name["KVKeeperResidency"].full_name
 REAP_INTERVAL_S = 1.0
-
-
-def _claim_socket_path(path: str) -> None:
-    """Remove a stale socket left by a dead daemon; refuse to steal a live one."""
-    if not os.path.lexists(path):
-        return
-    if not stat.S_ISSOCK(os.lstat(path).st_mode):
-        raise RuntimeError(f"{path} exists and is not a socket; remove it or choose another --socket")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(path)
-    except (ConnectionRefusedError, FileNotFoundError):
-        os.unlink(path)
-        return
-    finally:
-        probe.close()
-    raise RuntimeError(f"another daemon is listening on {path}; stop it or choose another --socket")
+# After the last call of a drain: time for a client to read the tail of its
+# answer before the connection goes (api/drain.py). Within the grace period.
+LINGER_SECONDS = 0.5
 
 
 class Daemon:
@@ -98,7 +83,7 @@ class Daemon:
         if config.listen.socket:
             # Before the arena: a second daemon with the same config must fail
             # here, not after replacing the live daemon's arena file.
-            _claim_socket_path(os.path.abspath(config.listen.socket))
+            claim_socket_path(os.path.abspath(config.listen.socket))
         t0 = time.perf_counter()
         try:
             self.arena = Arena.create(os.path.join(ht.shm_dir, name), ht.capacity_bytes,
@@ -190,7 +175,7 @@ class Daemon:
             self._metrics_http = self.metrics.start_http(self.config.metrics.address)
         if lc.socket:
             path = os.path.abspath(lc.socket)
-            _claim_socket_path(path)
+            claim_socket_path(path)
             self.server.add_insecure_port(f"unix:{path}")
             self.socket_path = path
             self.peer = PeerService(self.ledger, peer_socket_path(path), lc.socket_mode,
@@ -299,11 +284,16 @@ class Daemon:
                  extra={"event": "reload", "applied": plan.applied,
                         "refused": [k for k, _ in plan.refused]})
 
-    async def stop(self, grace: Optional[float] = None) -> None:
+    async def stop(self, grace: Optional[float] = None, linger: float = 0.0) -> None:
+        """Drain and release, within `grace` seconds. `linger`: how long the
+        connections stay open after the last call ended (see api/drain.py);
+        a daemon process lingers (serve()), one in a test process need not."""
         if self._stopped:
             return
         self._stopped = True
         grace = self.config.server.grace_seconds if grace is None else grace
+        calls = self.servicer.calls
+        deadline = calls.clock() + grace
         sd_notify(f"STOPPING=1\nSTATUS=draining (grace {grace:g}s)")
         await self.health.enter_graceful_shutdown()
         self.servicer.serving = False
@@ -314,7 +304,9 @@ class Daemon:
             self._reaper.cancel()
         if self._gc_ticker:
             self._gc_ticker.cancel()
-        await self.server.stop(grace)
+        # Ours first: gRPC's own drain drops every connection as the last call ends.
+        await calls.settle(deadline, linger)
+        await self.server.stop(max(0.0, deadline - calls.clock()))
         if self.peer is not None:
             await self.peer.stop()
         # No request comes any more: hand the heap back to CPython's own GC.
@@ -394,7 +386,7 @@ async def serve(config: Config, loader: Optional[Callable[[], Config]] = None) -
         await stop.wait()
         log.info("signal received: draining (grace %.1fs)", daemon.config.server.grace_seconds)
     finally:
-        await daemon.stop()
+        await daemon.stop(linger=LINGER_SECONDS)
 
 
 def _runner() -> Any:

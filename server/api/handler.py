@@ -5,7 +5,9 @@ stream chunk) into INVALID_ARGUMENT, map every error to its status through
 status.py, log what a client can cause at a bounded rate, and time the call
 into kvkeeper_rpc_duration_seconds / kvkeeper_rpc_errors_total.
 
-A servicer using it has `serving` (bool) and `metrics` (Metrics or None).
+A servicer using it has `serving` (bool), `calls` (drain.Calls: every call is
+counted in flight, refused ones too, since their answers must reach the client
+before a stop drops the connection) and `metrics` (Metrics or None).
 """
 from __future__ import annotations
 
@@ -78,6 +80,8 @@ def rpc(fn: Callable[..., Any]) -> Callable[..., Any]:
     async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
         t0 = time.perf_counter()
         code: Any = None
+        calls = self.calls
+        calls.active += 1
         try:
             return await fn(self, _admit(self, request), context)
         except Exception as exc:  # noqa: BLE001 - every error gets a status
@@ -85,6 +89,7 @@ def rpc(fn: Callable[..., Any]) -> Callable[..., Any]:
             set_status(context, code, msg)
             return None
         finally:
+            calls.leave()
             _observe(self, method, t0, code)
 
     return handler
@@ -109,6 +114,8 @@ def _streaming(fn: Callable[..., AsyncIterator[Any]], *, timed: bool) -> Callabl
     async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
         t0 = time.perf_counter() if timed else None
         code: Any = None
+        calls = self.calls
+        calls.active += 1
         try:
             async for item in fn(self, _admit(self, request), context):
                 yield item
@@ -116,6 +123,7 @@ def _streaming(fn: Callable[..., AsyncIterator[Any]], *, timed: bool) -> Callabl
             code, msg = _answer(method, exc, context)
             set_status(context, code, msg)
         finally:
+            calls.leave()
             _observe(self, method, t0, code)
 
     return handler

@@ -28,6 +28,7 @@ from ..security import identity
 from .convert import (SLOT_TO_PB, block_runs, descriptor_from_pb, fill_block_columns,
                       fill_block_runs, fill_refs, fill_slot_runs, fill_slots, report_from_pb,
                       tier_to_pb)
+from .drain import Calls
 from .handler import rpc, rpc_held, rpc_stream
 from .watch import Watches
 
@@ -85,6 +86,7 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         self.stream_pack_bytes = min(STREAM_PACK_BYTES, max_message_bytes - CHUNK_OVERHEAD_BYTES)
         self.clock = clock
         self.serving = True
+        self.calls = Calls()
         # False after the admin Drain: ReserveSave answers UNAVAILABLE from then on.
         self.accepting_saves = True
         # Set when auth.tokens_file is: (context, model id) -> None or PermissionDenied.

@@ -12,13 +12,18 @@ NAMESPACE_ID_BYTES = 16
 
 class Sibling:
     """A servicer beside the KVKeeperServicer `data`: refused while it drains
-    (handler.py reads `serving`), counted in its metrics."""
+    (handler.py reads `serving`), its calls counted with the data servicer's
+    (one drain waits for all) and in its metrics."""
 
     data: Any
 
     @property
     def serving(self) -> bool:
         return bool(self.data.serving)
+
+    @property
+    def calls(self) -> Any:
+        return self.data.calls
 
     @property
     def metrics(self) -> Any:
