@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, AsyncIterator, Callable, Iterator, List, Sequence, Tuple
+from typing import Any, AsyncIterator, Callable
 
 from kvkeeper.client.wire import (encode_block_chunk, encode_match_response, encode_stream_head,
                                   frame_or_message, parse_write_chunk, slice_views)
@@ -28,27 +28,14 @@ from ..security import identity
 from .convert import (SLOT_TO_PB, block_runs, descriptor_from_pb, fill_block_columns,
                       fill_block_runs, fill_refs, fill_slot_runs, fill_slots, report_from_pb,
                       tier_to_pb)
+from .chunks import (CHUNK_OVERHEAD_BYTES, STREAM_CHUNK_BYTES, STREAM_PACK_BYTES,
+                     chunk_groups)
 from .drain import Calls
 from .handler import rpc, rpc_held, rpc_stream
 from .watch import Watches
 
 log = logging.getLogger("kvkeeper.api")
 
-# 1 MiB: 4 MiB chunks overflow the L2 cache and measured slower end to end.
-STREAM_CHUNK_BYTES = 1 << 20
-# Packed chunks (LoadRequest.pack_blocks) of small blocks: up to 1 MiB. 12 MiB
-# in 192 KiB messages took 25-37 ms through raw grpc over TCP here, in 4 MiB
-# ones 25 ms and in one message 87 ms. Through the daemon to a client's
-# blocking channel (keyed LoadStream, 3 runs each, 2026-12-02), 12 MiB took
-# 9.3-11.2 ms in 1 MiB packs against 13.6-17.4 ms in 2 MiB ones (192 KiB
-# blocks), 10.4-11.6 against 13.6-13.7 ms (384 KiB) and 8.9-9.8 against
-# 22.2-24.7 ms (64 KiB); 512 KiB packs 10.6-11.2 ms, one block a message 14.7-16.9.
-STREAM_PACK_BYTES = 1 << 20
-# Blocks per packed chunk at most: their checksums (varints of up to 10 bytes)
-# then fit in the margin left for a chunk's other fields.
-MAX_PACK_BLOCKS = 256
-# Room for a BlockChunk's other fields (the client keeps the same margin for WriteChunk).
-CHUNK_OVERHEAD_BYTES = 4096
 # Upper bounds of what one block adds to an answer, beyond its key: a BlockRef's
 # tags, checksum and length prefix, and per extent (at most one per page).
 REF_BYTES, EXTENT_BYTES = 32, 24
@@ -59,14 +46,6 @@ REF_BYTES, EXTENT_BYTES = 32, 24
 BULK_CODECS = {"LoadStream": {"response_serializer": frame_or_message},
                "WriteBlocks": {"request_deserializer": parse_write_chunk},
                "Match": {"response_serializer": frame_or_message}}
-
-
-def stream_message_bytes(block_bytes: int) -> int:
-    """The data bytes of a LoadStream chunk by default, for a lease of blocks
-    of this size asked with pack_blocks: as many whole blocks as a packed
-    chunk holds, or one block, or a piece of one."""
-    per = min(STREAM_PACK_BYTES // block_bytes, MAX_PACK_BLOCKS)
-    return per * block_bytes if per >= 2 else min(STREAM_CHUNK_BYTES, block_bytes)
 
 
 class KVKeeperServicer(pb_grpc.KVKeeperServicer):
@@ -238,7 +217,7 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         step = self.stream_chunk_bytes
         nbytes = 0
         pack = self.stream_pack_bytes if request.pack_blocks else 0
-        for i, group in _chunk_groups(blocks, pack):
+        for i, group in chunk_groups(blocks, pack):
             first = group[0]
             size = first.ns.block_bytes
             algo, value = first.checksum or (0, 0)
@@ -393,27 +372,6 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
                                     resident_bytes=b.resident_bytes,
                                     capacity_blocks=b.capacity_blocks)
                      for b in L.residency.books.values()])
-
-
-def _chunk_groups(blocks: Sequence[Block], pack_bytes: int) -> Iterator[Tuple[int, List[Block]]]:
-    """(lease index of the first, blocks) per LoadStream chunk group: runs of
-    consecutive blocks with the same checksum algorithm, as many as fit in
-    pack_bytes, MAX_PACK_BLOCKS at most (one each when pack_bytes is 0 or a
-    block does not fit twice). The first groups ramp up, 1, 2, 4 ... blocks:
-    the client starts copying the first block in while the rest is on the
-    way, instead of waiting for a whole packed chunk."""
-    run: List[Block] = []
-    start, cap = 0, 1
-    for i, b in enumerate(blocks):
-        if run and (len(run) == cap or (len(run) + 1) * b.ns.block_bytes > pack_bytes
-                    or (run[0].checksum or (0,))[0] != (b.checksum or (0,))[0]):
-            yield start, run
-            run, cap = [], min(2 * cap, MAX_PACK_BLOCKS)
-        if not run:
-            start = i
-        run.append(b)
-    if run:
-        yield start, run
 
 
 def _tier_stats_pb(t: TierStats) -> pb.TierStats:

@@ -90,7 +90,7 @@ class _SizeRun:
                  keys: _Keys) -> None:
         from kvkeeper.client.saves import WRITE_CHUNK_BYTES
         from kvkeeper.client.stream import WRITE_PACK_BYTES
-        from kvkeeper.server.api.servicer import stream_message_bytes
+        from kvkeeper.server.api.chunks import stream_message_bytes
 
         self.bs, self.n = bs, scale.move_bytes // bs
         self.kvk, self.sink, self.source, self.keys = kvk, sink, source, keys

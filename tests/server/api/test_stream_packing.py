@@ -85,7 +85,7 @@ async def test_packed_chunks_of_tiny_blocks_keep_their_checksums_within_the_marg
     in more than one chunk."""
     import grpc
 
-    from kvkeeper.server.api.servicer import CHUNK_OVERHEAD_BYTES, MAX_PACK_BLOCKS
+    from kvkeeper.server.api.chunks import CHUNK_OVERHEAD_BYTES, MAX_PACK_BLOCKS
     from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 
     tiny, n = 12, 1 + 2 + 4 + 8 + 16 + 32 + 64 + 128 + 256 + 9   # ramped up to the cap
@@ -113,7 +113,7 @@ async def test_packed_chunks_of_tiny_blocks_keep_their_checksums_within_the_marg
 
 
 def test_stream_message_bytes_packs_blocks_that_fit_twice() -> None:
-    from kvkeeper.server.api.servicer import stream_message_bytes
+    from kvkeeper.server.api.chunks import stream_message_bytes
 
     KiB, MiB = 1 << 10, 1 << 20
     assert stream_message_bytes(192 * KiB) == 5 * 192 * KiB
