@@ -37,8 +37,8 @@ from .ops import grpclog, logsetup
 from .ops.gcpolicy import GcPolicy
 from .ops.reload import plan_reload
 from .ops.sdnotify import notify as sd_notify
-from .ops.socketpath import claim_socket_path
 from .ops.sdnotify import start_progress
+from .ops.socketpath import claim_socket_path
 from .ops.watch import CounterWatch
 from .peer.metrics import PeerCollector
 from .peer.service import PeerService
@@ -293,7 +293,7 @@ class Daemon:
         self._stopped = True
         grace = self.config.server.grace_seconds if grace is None else grace
         calls = self.servicer.calls
-        deadline = calls.clock() + grace
+        deadline = time.monotonic() + grace
         sd_notify(f"STOPPING=1\nSTATUS=draining (grace {grace:g}s)")
         await self.health.enter_graceful_shutdown()
         self.servicer.serving = False
@@ -306,7 +306,7 @@ class Daemon:
             self._gc_ticker.cancel()
         # Ours first: gRPC's own drain drops every connection as the last call ends.
         await calls.settle(deadline, linger)
-        await self.server.stop(max(0.0, deadline - calls.clock()))
+        await self.server.stop(max(0.0, deadline - time.monotonic()))
         if self.peer is not None:
             await self.peer.stop()
         # No request comes any more: hand the heap back to CPython's own GC.

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from typing import Callable
 
 POLL_SECONDS = 0.01
 
@@ -25,24 +24,23 @@ POLL_SECONDS = 0.01
 class Calls:
     """Counts every call of the services (handler.py enters and leaves it)."""
 
-    __slots__ = ("active", "last_end", "clock")
+    __slots__ = ("active", "last_end")
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self) -> None:
         self.active = 0
-        # When the most recent call ended; -inf: none has yet.
+        # When the most recent call ended (time.monotonic); -inf: none has yet.
         self.last_end = -math.inf
-        self.clock = clock
 
     def leave(self) -> None:
         self.active -= 1
-        self.last_end = self.clock()
+        self.last_end = time.monotonic()
 
     async def settle(self, deadline: float, linger: float) -> None:
         """Return once no call is in flight and `linger` seconds have passed since
-        the last one ended, or at `deadline` (on `clock`), whichever comes first.
+        the last one ended, or at `deadline` (time.monotonic), whichever comes first.
         Polled: a drain happens once, and a wake-up per call would cost every call."""
-        while self.active > 0 and self.clock() < deadline:
+        while self.active > 0 and time.monotonic() < deadline:
             await asyncio.sleep(POLL_SECONDS)
-        wait = min(deadline, self.last_end + linger) - self.clock()
+        wait = min(deadline, self.last_end + linger) - time.monotonic()
         if wait > 0:
             await asyncio.sleep(wait)
