@@ -4,6 +4,7 @@ filesystem gets (durability.py)."""
 from __future__ import annotations
 
 import os
+import random
 import zlib
 
 import pytest
@@ -70,7 +71,7 @@ def test_short_reads_are_completed(tmp_path, monkeypatch, n):
 
 
 @pytest.mark.parametrize("n", [64 * KiB] + SIZES)
-def test_one_preadv_per_load(tmp_path, monkeypatch, n):
+def test_one_preadv_per_load_or_per_piece(tmp_path, monkeypatch, n):
     s = open_store(tmp_path)
     s.write(NS, key(1), data(n, 2))
     calls = []
@@ -83,7 +84,9 @@ def test_one_preadv_per_load(tmp_path, monkeypatch, n):
         monkeypatch.setattr(os, name, counting(name))
     s.read_into(NS, key(1), bytearray(n))
     monkeypatch.undo()
-    assert calls == ["preadv"]    # no separate header read, no size check by stat
+    # No separate header read, no size check by stat; one per piece past PIECED_ABOVE.
+    pieces = 1 if n <= fileio.PIECED_ABOVE else -(-n // fileio.PIECE_BYTES)
+    assert calls == ["preadv"] * pieces
 
 
 @pytest.mark.parametrize("n", [20000] + SIZES)
@@ -148,6 +151,75 @@ def test_read_block_reports_without_raising(tmp_path):
         assert h.payload_bytes == len(payload) and digest is None
     finally:
         os.close(fd)
+
+
+def _block_file(path, payload, algo, extra=b""):
+    value = zlib.crc32(payload) if algo == CHECKSUM_CRC32 else xxhash.xxh3_64_intdigest(payload)
+    with open(path, "wb") as f:
+        f.write(pack_header(NS, key(1), len(payload), value, algo) + payload + extra)
+    return value
+
+
+def _read_block_of(path, nbytes):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        out = memoryview(bytearray(nbytes))
+        h, digest = fileio.read_block(fd, out)
+        return h, digest, bytes(out)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("algo", [CHECKSUM_XXH3_64, CHECKSUM_CRC32])
+@pytest.mark.parametrize("n", [4096, 4097, 4096 + 1000, 3 * 1000 + 17 + 4096])
+def test_a_large_payload_read_in_pieces_has_the_whole_payloads_checksum(
+        tmp_path, monkeypatch, algo, n):
+    """Payloads over PIECED_ABOVE are read and hashed piece by piece (shrunk
+    here to 4096 and 1000 bytes): the same bytes and the same checksum as one
+    whole read, for every split, the last piece short or not."""
+    monkeypatch.setattr(fileio, "PIECED_ABOVE", 4096)
+    monkeypatch.setattr(fileio, "PIECE_BYTES", 1000)
+    payload = random.Random(n).randbytes(n)
+    path = str(tmp_path / "f")
+    value = _block_file(path, payload, algo)
+    h, digest, got = _read_block_of(path, n)
+    assert (h.payload_bytes, h.algo, digest, got) == (n, algo, value, payload)
+
+
+@pytest.mark.parametrize("algo", [CHECKSUM_XXH3_64, CHECKSUM_CRC32])
+def test_a_pieced_read_reports_a_file_of_another_size(tmp_path, monkeypatch, algo):
+    """A file one byte longer or shorter than its header says, or read into a
+    buffer of another size, gives no checksum: the caller calls it corrupt."""
+    monkeypatch.setattr(fileio, "PIECED_ABOVE", 4096)
+    monkeypatch.setattr(fileio, "PIECE_BYTES", 1000)
+    n = 5500
+    payload = random.Random(1).randbytes(n)
+    path = str(tmp_path / "f")
+    _block_file(path, payload, algo, extra=b"x")
+    assert _read_block_of(path, n)[1] is None
+    _block_file(path, payload, algo)
+    with open(path, "r+b") as f:
+        f.truncate(HEADER_BYTES + n - 1)
+    assert _read_block_of(path, n)[1] is None
+    _block_file(path, payload, algo)
+    h, digest, _ = _read_block_of(path, n + 1000)
+    assert h.payload_bytes == n and digest is None
+
+
+def test_a_flipped_bit_in_a_later_piece_fails_the_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(fileio, "PIECED_ABOVE", 4096)
+    monkeypatch.setattr(fileio, "PIECE_BYTES", 1000)
+    s = open_store(tmp_path)
+    payload = random.Random(2).randbytes(6000)
+    s.write(NS, key(1), payload)
+    out = bytearray(6000)
+    s.read_into(NS, key(1), out)
+    assert out == payload
+    with open(s.block_path(NS, key(1)), "r+b") as f:
+        f.seek(HEADER_BYTES + 5500)
+        f.write(bytes([payload[5500] ^ 1]))
+    with pytest.raises(CorruptBlock, match="checksum"):
+        s.read_into(NS, key(1), out)
 
 
 @pytest.mark.parametrize("fstype,fsync,want", [
