@@ -5,10 +5,12 @@ backend only holds bytes. It first turns (namespace, key, size[, the
 ledger's pages]) into an opaque location with `locate` (pure: no I/O); then
 
     write(loc, data)      put: store exactly the block's bytes
-    read_into(loc, out)   get: copy them into the caller's buffer
+    read_into(loc, out)   get: copy them into the caller's buffer, or its list of
+                          buffers (the block's pieces in order: a scatter read)
     contains(loc)         whether the medium holds the block
     discard(loc)          delete it
     view(loc)             a zero-copy view, where the bytes sit in one piece of memory
+    views(loc)            zero-copy views of its pieces, where they sit in memory
 
 and says what it can hold (`capacity_bytes`, `used_bytes()`) and how clients
 reach its bytes (`reach`): same-host extents of a shared mapping, bytes
@@ -43,7 +45,7 @@ from .arena import Arena
 from .disk import CorruptBlock, NotStored, TierError, check_ns_key
 
 __all__ = ["ArenaBackend", "ArenaLoc", "BlockStore", "Checksum", "CorruptBlock", "NotStored", "Reach",
-           "TierError", "check_size", "copy_block"]
+           "TierError", "check_size", "copy_block", "copy_pieces", "out_views"]
 
 # A block's (ChecksumAlgo value, checksum) as its writer committed it.
 Checksum = tuple[int, int]
@@ -84,10 +86,11 @@ class BlockStore(Protocol[L]):
         ...
 
     def read_into(self, loc: L, out: Any) -> Optional[Checksum]:
-        """Copy the block into `out`, a writable buffer of exactly its size
-        (ValueError otherwise, before any I/O). Returns the checksum the tier
-        kept with the block (checked against it where the tier checks), None
-        where it keeps none."""
+        """Copy the block into `out`, a writable buffer of exactly its size,
+        or a list of writable buffers that together hold exactly its size,
+        filled in order (ValueError otherwise, before any I/O). Returns the
+        checksum the tier kept with the block (checked against it where the
+        tier checks), None where it keeps none."""
         ...
 
     def discard(self, loc: L) -> int:
@@ -103,6 +106,11 @@ class BlockStore(Protocol[L]):
         are not one piece of memory (valid while the location is the block's)."""
         ...
 
+    def views(self, loc: L) -> Optional[list[memoryview]]:
+        """Writable zero-copy views of the block's pieces, in order (one, where
+        `view` gives one), or None where its bytes are not in memory."""
+        ...
+
 
 def copy_block(src: BlockStore[Any], src_loc: Any, dst: BlockStore[Any], dst_loc: Any,
                nbytes: int, checksum: Optional[Checksum] = None) -> Optional[Checksum]:
@@ -111,7 +119,11 @@ def copy_block(src: BlockStore[Any], src_loc: Any, dst: BlockStore[Any], dst_loc
     `dst` with the bytes; returns the checksum `src`'s read_into gave (None
     when `src` was read through its view: a tier of plain memory, whose
     checksums the ledger keeps)."""
-    into = dst.view(dst_loc)
+    into: Any = dst.view(dst_loc)
+    if into is None:
+        # A block in several pieces of memory (an arena block whose pages are
+        # not one run): read straight into them, no bounce buffer.
+        into = dst.views(dst_loc)
     if into is not None:
         return src.read_into(src_loc, into)
     kept = None
@@ -127,6 +139,33 @@ def check_size(what: str, got: int, nbytes: int) -> None:
     """ValueError unless a caller's buffer holds exactly the block's bytes."""
     if got != nbytes:
         raise ValueError(f"{what} holds {got} bytes, the block {nbytes}")
+
+
+def out_views(out: Any, nbytes: int) -> memoryview | list[memoryview]:
+    """read_into's `out` as a flat writable view, or a list of them (a scatter
+    read), holding exactly `nbytes` in all; ValueError otherwise."""
+    if isinstance(out, list):
+        views = [byte_view(o, writable=True) for o in out]
+        check_size("out", sum(v.nbytes for v in views), nbytes)
+        return views
+    dst = byte_view(out, writable=True)
+    check_size("out", dst.nbytes, nbytes)
+    return dst
+
+
+def copy_pieces(srcs: list[memoryview], dsts: list[memoryview]) -> None:
+    """The bytes of `srcs`, in order, copied into `dsts`, in order (equal totals)."""
+    i = j = si = dj = 0
+    while i < len(srcs) and j < len(dsts):
+        s, d = srcs[i], dsts[j]
+        n = min(s.nbytes - si, d.nbytes - dj)
+        d[dj:dj + n] = s[si:si + n]
+        si += n
+        dj += n
+        if si == s.nbytes:
+            i, si = i + 1, 0
+        if dj == d.nbytes:
+            j, dj = j + 1, 0
 
 
 # ---------------------------------------------------------------- arena
@@ -171,9 +210,11 @@ class ArenaBackend:
         return loc.nbytes
 
     def read_into(self, loc: ArenaLoc, out: Any) -> Optional[Checksum]:
-        dst = byte_view(out, writable=True)
-        check_size("out", dst.nbytes, loc.nbytes)
-        self.arena.read_into(loc.extents, dst)
+        dst = out_views(out, loc.nbytes)
+        if isinstance(dst, list):
+            copy_pieces(self.arena.gather(loc.extents), dst)
+        else:
+            self.arena.read_into(loc.extents, dst)
         return None  # the ledger keeps the arena's checksums
 
     def discard(self, loc: ArenaLoc) -> int:
@@ -186,3 +227,6 @@ class ArenaBackend:
         if len(loc.extents) != 1:
             return None
         return self.arena.view(*loc.extents[0])
+
+    def views(self, loc: ArenaLoc) -> Optional[list[memoryview]]:
+        return self.arena.gather(loc.extents)

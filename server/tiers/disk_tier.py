@@ -27,7 +27,7 @@ from ..ids import DISK, TierName
 from ..ledger import Ledger
 from ..ledger.disk_index import DiskIndex
 from ..ledger.pages import Pages
-from .backend import BlockStore, Checksum, Reach, check_size, copy_block
+from .backend import BlockStore, Checksum, Reach, check_size, copy_block, out_views
 from .disk import (DiskFull, DiskIOError, DiskStore, RecoveryReport, TierError, VerifyReport,
                    check_ns_key)
 from .stack import TierCounter
@@ -96,9 +96,7 @@ class DiskBackend:
         return self.store.write(loc.ns, loc.key, src, checksum)
 
     def read_into(self, loc: DiskLoc, out: Any) -> Optional[Checksum]:
-        dst = byte_view(out, writable=True)
-        check_size("out", dst.nbytes, loc.nbytes)
-        return self.store.read_into(loc.ns, loc.key, dst)
+        return self.store.read_into(loc.ns, loc.key, out_views(out, loc.nbytes))
 
     def discard(self, loc: DiskLoc) -> int:
         return self.store.delete(loc.ns, loc.key)
@@ -108,6 +106,9 @@ class DiskBackend:
 
     def view(self, loc: DiskLoc) -> Optional[memoryview]:
         return None  # a file: bytes are copied in and out
+
+    def views(self, loc: DiskLoc) -> Optional[list[memoryview]]:
+        return None
 
 
 class DiskTier:

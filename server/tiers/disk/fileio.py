@@ -7,7 +7,10 @@ means the file shrank, which the caller treats as corruption).
 
 `read_block` is a block load's whole file I/O: a preadv of header, payload
 and one byte past the end (that byte tells a file longer than its header
-says without an fstat), and the payload's checksum. Syscalls cost 1-3 us
+says without an fstat), and the payload's checksum. The payload may go to a
+list of buffers (a scatter read): a promotion reads straight into the
+block's arena pages when they are not one run, where a bounce buffer cost an
+allocation and a second copy of every byte. Syscalls cost 1-3 us
 each, a 256 KiB block's copy ~30-60 us: the pread of the header and the
 fstat that loads did before were ~10%. A payload of more than PIECE_BYTES is
 read in pieces of that size, each hashed right after it lands, while it is
@@ -23,6 +26,7 @@ import errno
 import os
 import threading
 import zlib
+from typing import Iterator, Union
 
 import xxhash
 
@@ -84,6 +88,10 @@ _scratch = threading.local()
 # same values as client.checksum's, minus its per-call argument checks).
 _DIGEST = {CHECKSUM_XXH3_64: xxhash.xxh3_64_intdigest, CHECKSUM_CRC32: zlib.crc32}
 assert set(_DIGEST) == set(PAYLOAD_ALGOS) <= set(ALGOS)
+# A payload's destination: one buffer, or its pieces in order (read_block).
+Buffers = Union[memoryview, list[memoryview]]
+# Buffers per preadv, below Linux's IOV_MAX (1024; os.preadv refuses more).
+IOV_MAX = 512
 # Payloads larger than PIECED_ABOVE are read and hashed in pieces of
 # PIECE_BYTES (see above). A smaller one is still in the core's cache after one
 # whole read (L2 is 1-2 MiB a core), and there its extra syscalls measured a
@@ -113,51 +121,85 @@ _STREAM = {CHECKSUM_XXH3_64: xxhash.xxh3_64, CHECKSUM_CRC32: _Crc32}
 assert set(_STREAM) == set(_DIGEST)
 
 
-def read_block(fd: int, dst: memoryview) -> tuple[Header | None, int | None]:
+def read_block(fd: int, dst: Buffers) -> tuple[Header | None, int | None]:
     """Header and payload of a block file into `dst` (its payload's size, as
     the caller believes), and the payload's checksum: one preadv, or one per
-    piece of a large payload. Returns the header (None if not a valid one)
-    and, when the file is exactly the header plus `dst.nbytes` of payload as
-    the header says, the payload's checksum under the header's algorithm
-    (else None). `dst` is written before the header is checked, so after a
-    failed check its content is undefined."""
+    piece of a large payload. `dst` may be a list of buffers, the payload's
+    pieces in order (a scatter read: straight into a block's extents).
+    Returns the header (None if not a valid one) and, when the file is
+    exactly the header plus the payload as the header says, the payload's
+    checksum under the header's algorithm (else None). `dst` is written
+    before the header is checked, so after a failed check its content is
+    undefined."""
     bufs = _scratch.__dict__.get("bufs")
     if bufs is None:
         head = memoryview(bytearray(HEADER_BYTES))
         bufs = _scratch.bufs = (head, head[:HEADER_FIELDS_BYTES], memoryview(bytearray(1)))
     head, fields, past_end = bufs
-    n = dst.nbytes
-    if n > PIECED_ABOVE:
-        return _read_pieces(fd, dst, head, fields, past_end)
+    parts = [dst] if type(dst) is memoryview else list(dst)
+    n = sum(p.nbytes for p in parts)
+    if n > PIECED_ABOVE or len(parts) > IOV_MAX:
+        return _read_pieces(fd, parts, n, head, fields, past_end)
     want = HEADER_BYTES + n
-    got = _fill(fd, [head, dst, past_end], 0, want)
+    got = _fill(fd, [head, *parts, past_end], 0, want)
     h = parse_header(fields) if got >= HEADER_FIELDS_BYTES else None
     if h is None or h.payload_bytes != n or got != want:
         return h, None
-    return h, _DIGEST[h.algo](dst)
+    if len(parts) == 1:
+        return h, _DIGEST[h.algo](parts[0])
+    digest = _STREAM[h.algo]()
+    for p in parts:
+        digest.update(p)
+    return h, digest.intdigest()
 
 
-def _read_pieces(fd: int, dst: memoryview, head: memoryview, fields: memoryview,
-                 past_end: memoryview) -> tuple[Header | None, int | None]:
-    """read_block of a payload of more than PIECED_ABOVE: the header with the
-    first piece, then piece by piece, the last with the byte past the end;
-    each piece is hashed as soon as it is in `dst`."""
-    n = dst.nbytes
-    first = dst[:PIECE_BYTES]
-    got = _fill(fd, [head, first], 0, HEADER_BYTES + PIECE_BYTES)
+def _pieces(parts: list[memoryview]) -> Iterator[list[memoryview]]:
+    """`parts` regrouped in pieces of PIECE_BYTES (the last may be shorter),
+    each at most IOV_MAX buffers: a part larger than a piece is split, small
+    ones are read together."""
+    group: list[memoryview] = []
+    size = 0
+    for p in parts:
+        off, n = 0, p.nbytes
+        while off < n:
+            take = min(PIECE_BYTES - size, n - off)
+            group.append(p[off:off + take])
+            size += take
+            off += take
+            if size == PIECE_BYTES or len(group) == IOV_MAX:
+                yield group
+                group, size = [], 0
+    if group:
+        yield group
+
+
+def _read_pieces(fd: int, parts: list[memoryview], n: int, head: memoryview,
+                 fields: memoryview, past_end: memoryview) -> tuple[Header | None, int | None]:
+    """read_block of a payload of more than PIECED_ABOVE (or in more than
+    IOV_MAX parts): the header with the first piece, then piece by piece,
+    the last with the byte past the end; each piece is hashed as soon as it
+    has landed."""
+    pieces = _pieces(parts)
+    first = next(pieces, [])
+    size = sum(p.nbytes for p in first)
+    bufs = [head, *first, past_end] if size >= n else [head, *first]
+    got = _fill(fd, bufs, 0, HEADER_BYTES + size)
     h = parse_header(fields) if got >= HEADER_FIELDS_BYTES else None
-    if h is None or h.payload_bytes != n or got != HEADER_BYTES + PIECE_BYTES:
+    if h is None or h.payload_bytes != n or got != HEADER_BYTES + size:
         return h, None
     digest = _STREAM[h.algo]()
-    digest.update(first)
-    for off in range(PIECE_BYTES, n, PIECE_BYTES):
-        piece = dst[off:off + PIECE_BYTES]
-        last = off + PIECE_BYTES >= n
-        size = piece.nbytes
-        got = _fill(fd, [piece, past_end] if last else [piece], HEADER_BYTES + off, size)
+    for p in first:
+        digest.update(p)
+    off = size
+    for piece in pieces:
+        size = sum(p.nbytes for p in piece)
+        last = off + size >= n
+        got = _fill(fd, [*piece, past_end] if last else piece, HEADER_BYTES + off, size)
         if got != size:
             return h, None
-        digest.update(piece)
+        for p in piece:
+            digest.update(p)
+        off += size
     return h, digest.intdigest()
 
 

@@ -35,7 +35,7 @@ from kvkeeper.client.checksum import checksum as payload_checksum
 from .durability import (FSYNC_AFTER_RENAME, FSYNC_AND_DIR, NO_SYNC, SYNCFS, DurableDirs,
                          durability_for, fsync_dir, is_remote, mount_fstype)
 from .errors import CorruptBlock, DiskIOError, NotStored, disk_io_error
-from .fileio import CLOEXEC, NOFOLLOW, RDONLY, read_block, unlink_quiet, write_all
+from .fileio import CLOEXEC, NOFOLLOW, RDONLY, Buffers, read_block, unlink_quiet, write_all
 from .gclock import GcLock
 from .header import (HEADER_BYTES, HEADER_FIELDS_BYTES, PAYLOAD_ALGOS, WRITE_ALGO, Header,
                      check_ns_key, pack_header, parse_header)
@@ -92,10 +92,10 @@ class DiskStore:
         fail with DiskFull before it would leave less than that free.
         `fanout_levels` (1 or 2) is fixed when the directory is created and
         recorded in root/LAYOUT; None takes the recorded one (default 1).
-        `scan_threads` None (auto): threads on a network or FUSE mount, where
-        each open is a round trip; on a local filesystem serial while headers
-        come from the page cache (a restart after kill -9: threads would only
-        fight over the GIL), threads once reads wait on the device (cold cache).
+        `scan_threads` None (auto): threads on a network or FUSE mount (each open
+        a round trip); on a local filesystem serial while headers come from the
+        page cache (after kill -9: threads only fight over the GIL), threads
+        once reads wait on the device (cold cache).
         """
         check_owner(owner_id)
         if min_free_bytes < 0:
@@ -119,8 +119,7 @@ class DiskStore:
             for path in bad:
                 if store._quarantine(path):
                     report.quarantined += 1
-        report.blocks = len(store._index)
-        report.bytes = store._used
+        report.blocks, report.bytes = len(store._index), store._used
         report.seconds = time.perf_counter() - t0
         return store, report
 
@@ -201,11 +200,11 @@ class DiskStore:
     # ------------------------------------------------------------ read
 
     def read_into(self, ns: bytes, key: bytes, out: Any) -> tuple[int, int]:
-        """Read the block's payload straight into `out`, a writable buffer of
-        exactly its size; returns the (algorithm, value) it was verified
-        against. After any error the content of `out` is undefined (the file
-        is read into it in one go, header checks after)."""
-        dst = byte_view(out, writable=True)
+        """Read the block's payload straight into `out` (a writable buffer of its
+        size, or a list: its pieces in order, as arena extents); returns the (algo,
+        value) it was verified against. After an error `out` is undefined."""
+        dst = ([byte_view(o, writable=True) for o in out] if isinstance(out, list)
+               else byte_view(out, writable=True))
         ns, key = check_ns_key(ns, key)
         path = self.layout.block_path(ns, key)
         fd = self._open_block(path, ns, key)
@@ -233,20 +232,21 @@ class DiskStore:
         self._count_read(ns, key, len(buf))
         return bytes(buf)
 
-    def _read_fd(self, path: str, fd: int, ns: bytes, key: bytes, dst: memoryview) -> Header:
-        """The checked read of the block open as `fd` into `dst`: its header."""
+    def _read_fd(self, path: str, fd: int, ns: bytes, key: bytes, dst: Buffers) -> Header:
+        """The checked read of the block open as `fd` into `dst` (read_block's): its header."""
         try:
             h, digest = read_block(fd, dst)
         except OSError as e:
             raise self._io_error(e, "reading a block") from e
         if h is None or h.ns != ns or h.key != key:
             h = self._check_header(path, fd, h, ns, key)   # raises: not this block
-        if digest is None:
-            if h.payload_bytes == dst.nbytes:
+        if digest is None:   # the file, or the caller's buffer, is not the header's size
+            nbytes = dst.nbytes if type(dst) is memoryview else sum(d.nbytes for d in dst)
+            if h.payload_bytes == nbytes:
                 self._corrupt(path, fd, ns, key, "file size differs from its header's")
             if self._file_size(fd) != HEADER_BYTES + h.payload_bytes:
                 self._corrupt(path, fd, ns, key, "bad header or truncated file")
-            raise ValueError(f"out holds {dst.nbytes} bytes, the block {h.payload_bytes}")
+            raise ValueError(f"out holds {nbytes} bytes, the block {h.payload_bytes}")
         if digest != h.checksum:
             self._corrupt(path, fd, ns, key, "payload checksum mismatch")
         return h

@@ -251,3 +251,78 @@ def test_threads_on_different_keys(h):
         out = bytearray(n)
         h.backend.read_into(locs[i], out)
         assert out == rand(n, i * 10 + 2)
+
+
+def _split(n: int, seed: int) -> list[int]:
+    """Uneven piece sizes adding up to n (as a block's extents might be)."""
+    rng = np.random.default_rng(seed)
+    cuts = sorted(set(rng.integers(1, n, min(n - 1, 5)).tolist())) if n > 1 else []
+    edges = [0, *cuts, n]
+    return [b - a for a, b in zip(edges, edges[1:])]
+
+
+@pytest.mark.parametrize("n", [1, 4097, 3 * PAGE + 1, 4 * MiB + 1])
+def test_a_scatter_read_fills_the_pieces_in_order(h, n):
+    data = rand(n, 3)
+    loc = h.loc(key(30), n)
+    h.backend.write(loc, data)
+    whole = bytearray(n)
+    kept = h.backend.read_into(loc, whole)
+    outs = [bytearray(k) for k in _split(n, n)]
+    assert h.backend.read_into(loc, outs) == kept
+    assert b"".join(outs) == data
+
+
+@pytest.mark.parametrize("delta", [-1, 1])
+def test_a_scatter_read_of_another_total_raises_and_writes_nothing(h, delta):
+    n = 2 * PAGE + 3
+    loc = h.loc(key(31), n)
+    h.backend.write(loc, rand(n))
+    outs = [bytearray(b"\x07" * k) for k in _split(n + delta, 4)]
+    with pytest.raises(ValueError):
+        h.backend.read_into(loc, outs)
+    assert all(o == b"\x07" * len(o) for o in outs)
+
+
+@pytest.mark.parametrize("n", [100, 3 * PAGE + 1])
+def test_views_are_the_blocks_pieces(h, n):
+    loc = h.loc(key(32), n)
+    h.backend.write(loc, rand(n))
+    views = h.backend.views(loc)
+    if views is None:
+        assert h.backend.view(loc) is None   # not in memory at all
+        return
+    assert b"".join(bytes(v) for v in views) == rand(n)
+    new = rand(n, 9)
+    off = 0
+    for v in views:
+        v[:] = new[off:off + len(v)]
+        off += len(v)
+    out = bytearray(n)
+    h.backend.read_into(loc, out)
+    assert out == new
+    del views
+
+
+def test_copy_block_fills_a_fragmented_arena_block_in_place(tmp_path, monkeypatch):
+    """A disk block promoted into arena pages that are not one run is read
+    straight into them (a scatter read), with no buffer in between."""
+    n = 3 * PAGE + 5
+    with harness("disk", tmp_path) as src, harness("arena", tmp_path) as dst:
+        sloc = src.loc(key(33), n)
+        src.backend.write(sloc, rand(n, 2))
+        dloc = dst.backend.locate(NS, key(33), n, [8, 3, 5, 20])   # four runs
+        assert len(dloc.extents) == 4 and dst.backend.view(dloc) is None
+        seen = []
+        real = DiskBackend.read_into
+
+        def spy(self, loc, out):
+            seen.append(type(out))
+            return real(self, loc, out)
+
+        monkeypatch.setattr(DiskBackend, "read_into", spy)
+        kept = copy_block(src.backend, sloc, dst.backend, dloc, n)
+        assert seen == [list] and kept is not None
+        out = bytearray(n)
+        dst.backend.read_into(dloc, out)
+        assert out == rand(n, 2)

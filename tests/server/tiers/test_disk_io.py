@@ -308,3 +308,52 @@ def test_tier_loads_pin_only_on_network_mounts(tmp_path, monkeypatch, remote):
         assert not s.pinned_by_others(NS, key(1), "someone-else")   # unpinned after
     finally:
         tier.pool.shutdown()
+
+
+@pytest.mark.parametrize("pieced", [False, True])
+@pytest.mark.parametrize("algo", [CHECKSUM_XXH3_64, CHECKSUM_CRC32])
+def test_a_scatter_read_has_the_whole_payloads_bytes_and_checksum(tmp_path, monkeypatch,
+                                                                   algo, pieced):
+    """read_block into a list of buffers (a block's arena extents): the same
+    bytes, in order, and checksum as one buffer; also in pieces, where a
+    piece spans buffers and a buffer spans pieces."""
+    if pieced:
+        monkeypatch.setattr(fileio, "PIECED_ABOVE", 4096)
+        monkeypatch.setattr(fileio, "PIECE_BYTES", 1000)
+    n = 6000
+    payload = random.Random(3).randbytes(n)
+    path = str(tmp_path / "f")
+    value = _block_file(path, payload, algo)
+    sizes = [1, 2500, 7, 1990, 1500, 2]
+    outs = [memoryview(bytearray(k)) for k in sizes]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        h, digest = fileio.read_block(fd, outs)
+        assert (h.payload_bytes, digest) == (n, value)
+        assert b"".join(bytes(o) for o in outs) == payload
+        short = [memoryview(bytearray(k)) for k in sizes[:-1]]
+        assert fileio.read_block(fd, short)[1] is None     # one buffer fewer: not its size
+    finally:
+        os.close(fd)
+
+
+def test_a_scatter_read_in_more_buffers_than_one_preadv_takes(tmp_path, monkeypatch):
+    monkeypatch.setattr(fileio, "IOV_MAX", 8)
+    n = 100
+    payload = random.Random(4).randbytes(n)
+    path = str(tmp_path / "f")
+    value = _block_file(path, payload, CHECKSUM_XXH3_64)
+    outs = [memoryview(bytearray(1)) for _ in range(n)]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert fileio.read_block(fd, outs)[1] == value
+    finally:
+        os.close(fd)
+    assert b"".join(bytes(o) for o in outs) == payload
+    with open(path, "ab") as f:
+        f.write(b"x")                       # one byte longer than its header says
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert fileio.read_block(fd, outs)[1] is None
+    finally:
+        os.close(fd)
