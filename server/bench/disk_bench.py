@@ -4,10 +4,11 @@ and restart (index rebuild) time against the number of blocks on disk.
 Save: DiskStore.write (XXH3-64 of the payload, header + payload into a tmp
 file, rename, and what makes it durable on this filesystem: durability.py)
 against open + write + fsync + close of one new file per block. Load:
-DiskStore.read_into (one preadv of header and payload, or one per 256 KiB piece
-past 1 MiB, header check, XXH3-64 verify) against open + preadv + close, both from a warm page cache. Both
-sides run on the daemon's disk thread-pool width (4 threads), taking turns a
-few blocks at a time (a shared machine's load then hits both alike). Each
+DiskStore.read_into (one preadv of header and payload, or one per 256 KiB
+piece past 1 MiB, header check, XXH3-64 verify) against open + preadv +
+close, both from a warm page cache. Both sides run on the daemon's disk
+thread-pool width (4 threads), taking turns a few blocks at a time (a shared
+machine's load then hits both alike). Each
 side keeps its directories across rounds and starts a round with the previous
 round's files deleted: a store creates a namespace's fan-out directories once
 in its life, not once per block, and the raw side writes into an existing
@@ -134,7 +135,9 @@ def _throughput(root: str, quick: bool, log: Callable[[str], None]) -> list[Resu
             results.append(Result(
                 f"disk.load_gbps.{label}", gbps["rs"], "GB/s",
                 "raw open+preadv+close per block (warm cache)", gbps["rr"], "higher", ">= 0.7",
-                params=params, note="DiskStore.read_into: preadv (in pieces past 1 MiB), header check, XXH3-64 verify"))
+                params=params,
+                note="DiskStore.read_into: preadv (pieces past 1 MiB), header check, "
+                     "XXH3-64 verify"))
             log(f"disk {label}: save {gbps['ws']:.2f} vs {gbps['wr']:.2f} GB/s, "
                 f"load {gbps['rs']:.2f} vs {gbps['rr']:.2f} GB/s")
     return results

@@ -7,18 +7,15 @@ means the file shrank, which the caller treats as corruption).
 
 `read_block` is a block load's whole file I/O: a preadv of header, payload
 and one byte past the end (that byte tells a file longer than its header
-says without an fstat), and the payload's checksum. The payload may go to a
-list of buffers (a scatter read): a promotion reads straight into the
-block's arena pages when they are not one run, where a bounce buffer cost an
-allocation and a second copy of every byte. Syscalls cost 1-3 us
+says without an fstat), and the payload's checksum. Syscalls cost 1-3 us
 each, a 256 KiB block's copy ~30-60 us: the pread of the header and the
-fstat that loads did before were ~10%. A payload of more than PIECE_BYTES is
-read in pieces of that size, each hashed right after it lands, while it is
-still in the core's cache: hashed after one whole read, a 4 MiB block is read
-back from memory (PIECED_ABOVE says which blocks). Measured side by side, one thread, 96 MiB of blocks into
-distinct buffers (Xeon, 2 MiB L2): 1 MiB blocks 0.74x a bare read whole
-against 0.84x in 256 KiB pieces, 4 MiB 0.65x against 0.80x (64 KiB pieces:
-0.80x and 0.75x, the syscalls; 512 KiB: 0.79x and 0.75x, past the cache).
+fstat that loads did before were ~10%. A payload of more than PIECED_ABOVE
+is read in pieces of PIECE_BYTES, each hashed (client.checksum.Hasher) right
+after it lands, while it is still in the core's cache: hashed after one
+whole read, a 4 MiB block is read back from memory. The payload may also go
+to a list of buffers (a scatter read): a promotion reads straight into the
+block's arena pages when they are not one run, where a bounce buffer cost an
+allocation and a second copy of every byte.
 """
 from __future__ import annotations
 
@@ -30,7 +27,7 @@ from typing import Iterator, Union
 
 import xxhash
 
-from kvkeeper.client.checksum import ALGOS
+from kvkeeper.client.checksum import ALGOS, Hasher, checksum_parts
 
 from .header import (CHECKSUM_CRC32, CHECKSUM_XXH3_64, HEADER_BYTES, HEADER_FIELDS_BYTES,
                      PAYLOAD_ALGOS, Header, parse_header)
@@ -93,32 +90,14 @@ Buffers = Union[memoryview, list[memoryview]]
 # Buffers per preadv, below Linux's IOV_MAX (1024; os.preadv refuses more).
 IOV_MAX = 512
 # Payloads larger than PIECED_ABOVE are read and hashed in pieces of
-# PIECE_BYTES (see above). A smaller one is still in the core's cache after one
-# whole read (L2 is 1-2 MiB a core), and there its extra syscalls measured a
-# loss with the disk pool's 4 threads on 2 cores: 1 MiB blocks 0.63x against
-# 0.67-0.73x whole, 4 MiB 0.70-0.76x against 0.67-0.69x.
+# PIECE_BYTES (see above). Measured with the disk pool's 4 threads on 2 cores
+# (Xeon, 2 MiB L2), ratio to a bare read: 4 MiB blocks 0.70-0.76x in pieces
+# against 0.67-0.69x whole; 1 MiB ones, still in the core's cache after one
+# whole read, 0.63x in pieces against 0.67-0.73x whole, so they stay whole.
+# One thread: 64 KiB pieces cost more in syscalls, 512 KiB ones fell out of
+# the cache (4 MiB: 0.75x both, against 0.80x for 256 KiB).
 PIECED_ABOVE = 1 << 20
 PIECE_BYTES = 256 << 10
-
-
-class _Crc32:
-    """zlib.crc32 with xxhash's streaming interface (update, intdigest)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self) -> None:
-        self.value = 0
-
-    def update(self, data: memoryview) -> None:
-        self.value = zlib.crc32(data, self.value)
-
-    def intdigest(self) -> int:
-        return self.value
-
-
-# The same checksums as _DIGEST, fed piece by piece.
-_STREAM = {CHECKSUM_XXH3_64: xxhash.xxh3_64, CHECKSUM_CRC32: _Crc32}
-assert set(_STREAM) == set(_DIGEST)
 
 
 def read_block(fd: int, dst: Buffers) -> tuple[Header | None, int | None]:
@@ -147,10 +126,7 @@ def read_block(fd: int, dst: Buffers) -> tuple[Header | None, int | None]:
         return h, None
     if len(parts) == 1:
         return h, _DIGEST[h.algo](parts[0])
-    digest = _STREAM[h.algo]()
-    for p in parts:
-        digest.update(p)
-    return h, digest.intdigest()
+    return h, checksum_parts(h.algo, parts)
 
 
 def _pieces(parts: list[memoryview]) -> Iterator[list[memoryview]]:
@@ -187,9 +163,9 @@ def _read_pieces(fd: int, parts: list[memoryview], n: int, head: memoryview,
     h = parse_header(fields) if got >= HEADER_FIELDS_BYTES else None
     if h is None or h.payload_bytes != n or got != HEADER_BYTES + size:
         return h, None
-    digest = _STREAM[h.algo]()
+    digest = Hasher(h.algo)
     for p in first:
-        digest.update(p)
+        digest.feed(p)
     off = size
     for piece in pieces:
         size = sum(p.nbytes for p in piece)
@@ -198,9 +174,9 @@ def _read_pieces(fd: int, parts: list[memoryview], n: int, head: memoryview,
         if got != size:
             return h, None
         for p in piece:
-            digest.update(p)
+            digest.feed(p)
         off += size
-    return h, digest.intdigest()
+    return h, digest.digest()
 
 
 def _fill(fd: int, bufs: list[memoryview], off: int, want: int) -> int:
