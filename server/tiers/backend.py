@@ -4,7 +4,8 @@ The ledger decides where a block lives and keeps every tier's book; a
 backend only holds bytes. It first turns (namespace, key, size[, the
 ledger's pages]) into an opaque location with `locate` (pure: no I/O); then
 
-    write(loc, data)      put: store exactly the block's bytes
+    write(loc, data)      put: store exactly the block's bytes, from one buffer or
+                          a list of them (its pieces in order: a gathered write)
     read_into(loc, out)   get: copy them into the caller's buffer, or its list of
                           buffers (the block's pieces in order: a scatter read)
     contains(loc)         whether the medium holds the block
@@ -45,7 +46,7 @@ from .arena import Arena
 from .disk import CorruptBlock, NotStored, TierError, check_ns_key
 
 __all__ = ["ArenaBackend", "ArenaLoc", "BlockStore", "Checksum", "CorruptBlock", "NotStored", "Reach",
-           "TierError", "check_size", "copy_block", "copy_pieces", "out_views"]
+           "TierError", "check_size", "copy_block", "copy_pieces", "in_views", "out_views"]
 
 # A block's (ChecksumAlgo value, checksum) as its writer committed it.
 Checksum = tuple[int, int]
@@ -129,6 +130,9 @@ def copy_block(src: BlockStore[Any], src_loc: Any, dst: BlockStore[Any], dst_loc
     kept = None
     out = src.view(src_loc)
     if out is None:
+        # Likewise from a fragmented arena block: a gathered write of its pages.
+        out = src.views(src_loc)
+    if out is None:
         out = memoryview(bytearray(nbytes))
         kept = src.read_into(src_loc, out)
     dst.write(dst_loc, out, checksum if checksum is not None else kept)
@@ -144,13 +148,23 @@ def check_size(what: str, got: int, nbytes: int) -> None:
 def out_views(out: Any, nbytes: int) -> memoryview | list[memoryview]:
     """read_into's `out` as a flat writable view, or a list of them (a scatter
     read), holding exactly `nbytes` in all; ValueError otherwise."""
-    if isinstance(out, list):
-        views = [byte_view(o, writable=True) for o in out]
-        check_size("out", sum(v.nbytes for v in views), nbytes)
+    return _views("out", out, nbytes, True)
+
+
+def in_views(data: Any, nbytes: int) -> memoryview | list[memoryview]:
+    """write's `data` as a flat view, or a list of them (a gathered write),
+    holding exactly `nbytes` in all; ValueError otherwise."""
+    return _views("data", data, nbytes, False)
+
+
+def _views(what: str, bufs: Any, nbytes: int, writable: bool) -> memoryview | list[memoryview]:
+    if isinstance(bufs, list):
+        views = [byte_view(b, writable=writable) for b in bufs]
+        check_size(what, sum(v.nbytes for v in views), nbytes)
         return views
-    dst = byte_view(out, writable=True)
-    check_size("out", dst.nbytes, nbytes)
-    return dst
+    one = byte_view(bufs, writable=writable)
+    check_size(what, one.nbytes, nbytes)
+    return one
 
 
 def copy_pieces(srcs: list[memoryview], dsts: list[memoryview]) -> None:
@@ -204,9 +218,11 @@ class ArenaBackend:
         return ArenaLoc(tuple(self.arena.extents(pages, n_pages, nbytes)), nbytes)
 
     def write(self, loc: ArenaLoc, data: Any, checksum: Optional[Checksum] = None) -> int:
-        src = byte_view(data)
-        check_size("data", src.nbytes, loc.nbytes)
-        self.arena.write(loc.extents, src)
+        src = in_views(data, loc.nbytes)
+        if isinstance(src, list):
+            copy_pieces(src, self.arena.gather(loc.extents))
+        else:
+            self.arena.write(loc.extents, src)
         return loc.nbytes
 
     def read_into(self, loc: ArenaLoc, out: Any) -> Optional[Checksum]:

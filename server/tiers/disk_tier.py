@@ -20,14 +20,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
-from kvkeeper.client.arena_format import byte_view
-
 from ..errors import ClientError, ResourceExhausted, Unavailable
 from ..ids import DISK, TierName
 from ..ledger import Ledger
 from ..ledger.disk_index import DiskIndex
 from ..ledger.pages import Pages
-from .backend import BlockStore, Checksum, Reach, check_size, copy_block, out_views
+from .backend import BlockStore, Checksum, Reach, copy_block, in_views, out_views
 from .disk import (DiskFull, DiskIOError, DiskStore, RecoveryReport, TierError, VerifyReport,
                    check_ns_key)
 from .stack import TierCounter
@@ -91,9 +89,7 @@ class DiskBackend:
         return DiskLoc(ns, key, nbytes)
 
     def write(self, loc: DiskLoc, data: Any, checksum: Optional[Checksum] = None) -> int:
-        src = byte_view(data)
-        check_size("data", src.nbytes, loc.nbytes)
-        return self.store.write(loc.ns, loc.key, src, checksum)
+        return self.store.write(loc.ns, loc.key, in_views(data, loc.nbytes), checksum)
 
     def read_into(self, loc: DiskLoc, out: Any) -> Optional[Checksum]:
         return self.store.read_into(loc.ns, loc.key, out_views(out, loc.nbytes))

@@ -1,5 +1,5 @@
 """How a write becomes durable, on which filesystem: the three orders of
-`DiskStore.write`, and which one a path gets.
+`DiskStore.write` (`publish`), and which one a path gets.
 
 Every write puts header and payload in a fresh tmp file (O_EXCL) and renames
 it over the block's path; what makes that durable before `write` returns:
@@ -31,7 +31,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from .fileio import CLOEXEC
+from .fileio import CLOEXEC, NOFOLLOW, unlink_quiet, write_all
 
 # Directory fsync is not supported everywhere (some FUSE filesystems); there
 # the rename's durability is the filesystem's own business.
@@ -39,6 +39,46 @@ _DIR_FSYNC_UNSUPPORTED = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EBADF, er
 
 _REMOTE_FS = ("nfs", "nfs4", "ceph", "cifs", "smb3", "lustre", "gpfs", "beegfs", "9p",
               "glusterfs", "virtiofs")
+
+
+def publish(tmp: str, path: str, bufs: list[memoryview], durability: str,
+            syncfs: Callable[[str], None] | None, unpublished: Callable[[], None]) -> None:
+    """Write `bufs` into a new file `tmp` and rename it to `path`, durable as
+    `durability` says (the orders above). On OSError nothing of this write
+    is left: the tmp file is removed, and so is `path` where the rename had
+    happened (published but not known durable: a failed write leaves no
+    block), `unpublished()` then called for it."""
+    fd = -1
+    renamed = False
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | CLOEXEC | NOFOLLOW, 0o640)
+        write_all(fd, bufs)
+        if durability == FSYNC_AFTER_RENAME:
+            os.replace(tmp, path)   # then one fsync for data and name
+            renamed = True
+            os.fsync(fd)
+        elif durability == FSYNC_AND_DIR:
+            os.fsync(fd)
+        os.close(fd)   # NFS reports deferred write errors here
+        fd = -1
+        if not renamed:
+            os.replace(tmp, path)
+            renamed = True
+            if durability == SYNCFS and syncfs is not None:
+                syncfs(os.path.dirname(path))
+            elif durability == FSYNC_AND_DIR:
+                fsync_dir(os.path.dirname(path))
+    except OSError:
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        unlink_quiet(tmp)
+        if renamed:
+            unlink_quiet(path)
+            unpublished()
+        raise
 
 
 def fsync_dir(path: str) -> None:

@@ -36,14 +36,17 @@ CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 # A block file is ours only if it is a regular file, never a symlink.
 RDONLY = os.O_RDONLY | CLOEXEC | NOFOLLOW
+# Buffers per preadv or pwritev, below Linux's IOV_MAX (1024; os refuses more).
+IOV_MAX = 512
 
 
 def write_all(fd: int, bufs: list[memoryview]) -> None:
-    """pwritev until every byte is written (regular files rarely write short)."""
+    """pwritev until every byte is written (regular files rarely write short),
+    at most IOV_MAX buffers a call."""
     off = 0
     bufs = [b for b in bufs if b.nbytes]
     while bufs:
-        n = os.pwritev(fd, bufs, off)
+        n = os.pwritev(fd, bufs[:IOV_MAX], off)
         if n <= 0:
             raise OSError(errno.EIO, "pwritev wrote nothing")
         off += n
@@ -87,8 +90,6 @@ _DIGEST = {CHECKSUM_XXH3_64: xxhash.xxh3_64_intdigest, CHECKSUM_CRC32: zlib.crc3
 assert set(_DIGEST) == set(PAYLOAD_ALGOS) <= set(ALGOS)
 # A payload's destination: one buffer, or its pieces in order (read_block).
 Buffers = Union[memoryview, list[memoryview]]
-# Buffers per preadv, below Linux's IOV_MAX (1024; os.preadv refuses more).
-IOV_MAX = 512
 # Payloads larger than PIECED_ABOVE are read and hashed in pieces of
 # PIECE_BYTES (see above). Measured with the disk pool's 4 threads on 2 cores
 # (Xeon, 2 MiB L2), ratio to a bare read: 4 MiB blocks 0.70-0.76x in pieces

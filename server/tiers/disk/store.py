@@ -30,12 +30,12 @@ from contextlib import suppress
 from typing import Any, NoReturn
 
 from kvkeeper.client.arena_format import byte_view
-from kvkeeper.client.checksum import checksum as payload_checksum
+from kvkeeper.client.checksum import checksum_parts
 
-from .durability import (FSYNC_AFTER_RENAME, FSYNC_AND_DIR, NO_SYNC, SYNCFS, DurableDirs,
-                         durability_for, fsync_dir, is_remote, mount_fstype)
+from .durability import (FSYNC_AFTER_RENAME, NO_SYNC, DurableDirs, durability_for,
+                         is_remote, mount_fstype, publish)
 from .errors import CorruptBlock, DiskIOError, NotStored, disk_io_error
-from .fileio import CLOEXEC, NOFOLLOW, RDONLY, Buffers, read_block, unlink_quiet, write_all
+from .fileio import RDONLY, Buffers, read_block
 from .gclock import GcLock
 from .header import (HEADER_BYTES, HEADER_FIELDS_BYTES, PAYLOAD_ALGOS, WRITE_ALGO, Header,
                      check_ns_key, pack_header, parse_header)
@@ -134,7 +134,9 @@ class DiskStore:
     def write(self, ns: bytes, key: bytes, data: Any,
               checksum: tuple[int, int] | None = None) -> int:
         """Store `data` as the block (ns, key), durably; returns bytes on disk.
-        Writing an existing key replaces it (the last rename wins).
+        `data` is a buffer, or a list of them: the payload's pieces in order
+        (a gathered write, as from an arena block's extents). Writing an
+        existing key replaces it (the last rename wins).
 
         checksum: the block's (algorithm, value) as its writer committed it;
         where it is one a header may name (XXH3-64, CRC32) the file keeps it
@@ -143,49 +145,23 @@ class DiskStore:
         wrong one only makes the file fail its read: a miss). Else the payload
         is hashed with XXH3-64."""
         ns, key = check_ns_key(ns, key)
-        src = byte_view(data)
-        n = src.nbytes
+        parts = [byte_view(d) for d in data] if isinstance(data, list) else [byte_view(data)]
+        n = sum(p.nbytes for p in parts)
         total = HEADER_BYTES + n
         path = self.block_path(ns, key)
         if checksum is not None and checksum[0] in PAYLOAD_ALGOS:
             algo, digest = checksum
         else:
-            algo, digest = WRITE_ALGO, payload_checksum(WRITE_ALGO, src)
+            algo, digest = WRITE_ALGO, checksum_parts(WRITE_ALGO, parts)
         head = pack_header(ns, key, n, digest, algo)
-        tmp = self._tmp_path()
-        fd = -1
-        renamed = False
         try:
             if self.min_free_bytes and self.fs_free_bytes() - total < self.min_free_bytes:
                 raise OSError(errno.ENOSPC, f"would leave under min_free_bytes="
                                             f"{self.min_free_bytes}")
             self._dirs.ensure(os.path.dirname(path), self.blocks_dir)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | CLOEXEC | NOFOLLOW, 0o640)
-            write_all(fd, [memoryview(head), src])
-            if self.durability == FSYNC_AFTER_RENAME:
-                os.replace(tmp, path)   # then one fsync for data and name (durability.py)
-                renamed = True
-                os.fsync(fd)
-            elif self.durability == FSYNC_AND_DIR:
-                os.fsync(fd)
-            os.close(fd)   # NFS reports deferred write errors here
-            fd = -1
-            if not renamed:
-                os.replace(tmp, path)
-                renamed = True
-                if self.durability == SYNCFS and self.syncfs is not None:
-                    self.syncfs(os.path.dirname(path))
-                elif self.durability == FSYNC_AND_DIR:
-                    fsync_dir(os.path.dirname(path))
+            publish(self._tmp_path(), path, [memoryview(head), *parts], self.durability,
+                    self.syncfs, lambda: self._forget(ns, key))
         except OSError as e:
-            if fd >= 0:
-                with suppress(OSError):
-                    os.close(fd)
-            unlink_quiet(tmp)
-            if renamed:
-                # Published but not known durable: a failed write leaves no block.
-                unlink_quiet(path)
-                self._forget(ns, key)
             raise self._io_error(e, f"writing {n} B a block") from e
         with self._lock:
             self._record(ns, key, n)

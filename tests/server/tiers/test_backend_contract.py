@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import xxhash
 from shm_paths import SHM_DIR, unique_shm_path
 
 from kvkeeper.server.ledger.pages import PageAllocator
@@ -20,6 +21,7 @@ from kvkeeper.server.ledger.units import ceil_div
 from kvkeeper.server.tiers.arena import HEADER_BYTES, Arena
 from kvkeeper.server.tiers.backend import ArenaBackend, BlockStore, NotStored, Reach, copy_block
 from kvkeeper.server.tiers.disk import DiskStore
+from kvkeeper.server.tiers.disk.header import CHECKSUM_XXH3_64
 from kvkeeper.server.tiers.disk_tier import DiskBackend
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -284,6 +286,32 @@ def test_a_scatter_read_of_another_total_raises_and_writes_nothing(h, delta):
     assert all(o == b"\x07" * len(o) for o in outs)
 
 
+@pytest.mark.parametrize("n", [1, 4097, 3 * PAGE + 1, 4 * MiB + 1])
+def test_a_gathered_write_stores_the_pieces_in_order(h, n):
+    data = rand(n, 5)
+    loc = h.loc(key(34), n)
+    pieces, off = [], 0
+    for k in _split(n, n + 1):
+        pieces.append(data[off:off + k])
+        off += k
+    assert h.backend.write(loc, pieces) >= n
+    out = bytearray(n)
+    h.backend.read_into(loc, out)
+    assert out == data
+
+
+@pytest.mark.parametrize("delta", [-1, 1])
+def test_a_gathered_write_of_another_total_raises_and_changes_nothing(h, delta):
+    n = 2 * PAGE + 3
+    loc = h.loc(key(35), n)
+    h.backend.write(loc, rand(n))
+    with pytest.raises(ValueError):
+        h.backend.write(loc, [rand(k, 6) for k in _split(n + delta, 5)])
+    out = bytearray(n)
+    h.backend.read_into(loc, out)
+    assert out == rand(n)
+
+
 @pytest.mark.parametrize("n", [100, 3 * PAGE + 1])
 def test_views_are_the_blocks_pieces(h, n):
     loc = h.loc(key(32), n)
@@ -326,3 +354,33 @@ def test_copy_block_fills_a_fragmented_arena_block_in_place(tmp_path, monkeypatc
         out = bytearray(n)
         dst.backend.read_into(dloc, out)
         assert out == rand(n, 2)
+
+
+@pytest.mark.parametrize("committed", [False, True])
+def test_copy_block_writes_a_fragmented_arena_block_from_its_pages(tmp_path, monkeypatch,
+                                                                   committed):
+    """A flush or demotion of an arena block whose pages are not one run hands
+    the disk its pages as they are (a gathered write), with no buffer in
+    between; the committed checksum goes with them, else the disk hashes the
+    pieces as one payload."""
+    n = 3 * PAGE + 5
+    want = (CHECKSUM_XXH3_64, xxhash.xxh3_64_intdigest(rand(n, 4)))
+    with harness("arena", tmp_path) as src, harness("disk", tmp_path) as dst:
+        sloc = src.backend.locate(NS, key(36), n, [8, 3, 5, 20])   # four runs
+        assert len(sloc.extents) == 4 and src.backend.view(sloc) is None
+        src.backend.write(sloc, rand(n, 4))
+        dloc = dst.loc(key(36), n)
+        seen = []
+        real = DiskBackend.write
+
+        def spy(self, loc, data, checksum=None):
+            seen.append((type(data), checksum))
+            return real(self, loc, data, checksum)
+
+        monkeypatch.setattr(DiskBackend, "write", spy)
+        checksum = want if committed else None
+        assert copy_block(src.backend, sloc, dst.backend, dloc, n, checksum) is None
+        assert seen == [(list, checksum)]
+        out = bytearray(n)
+        assert dst.backend.read_into(dloc, out) == want
+        assert out == rand(n, 4)

@@ -252,7 +252,6 @@ def test_fsync_after_rename_order(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(durability_mod, "fsync_dir", lambda p: seen.append(("dir", p)))
-    monkeypatch.setattr(store_mod, "fsync_dir", lambda p: seen.append(("dir", p)))
     s.write(NS, key(1), b"payload")
     assert seen == [("fsync", True)]
     assert s.read(NS, key(1)) == b"payload"
@@ -357,3 +356,26 @@ def test_a_scatter_read_in_more_buffers_than_one_preadv_takes(tmp_path, monkeypa
         assert fileio.read_block(fd, outs)[1] is None
     finally:
         os.close(fd)
+
+
+def test_a_gathered_write_in_more_buffers_than_one_pwritev_takes(tmp_path, monkeypatch):
+    """write_all over more buffers than IOV_MAX, and through short writes:
+    every byte lands once, in order."""
+    monkeypatch.setattr(fileio, "IOV_MAX", 8)
+    payload = random.Random(5).randbytes(100)
+    real = os.pwritev
+    calls = []
+
+    def short(fd, bufs, off):   # at most 8 buffers a call; writes at most 7 bytes
+        calls.append(len(bufs))
+        assert len(bufs) <= 8
+        return real(fd, [b"".join(bytes(b) for b in bufs)[:7]], off)
+
+    monkeypatch.setattr(os, "pwritev", short)
+    path = str(tmp_path / "f")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        fileio.write_all(fd, [memoryview(payload)[i:i + 3] for i in range(0, 100, 3)])
+    finally:
+        os.close(fd)
+    assert open(path, "rb").read() == payload and len(calls) == 15
