@@ -33,6 +33,7 @@ from .checksum import DEFAULT as DEFAULT_CHECKSUM
 from .checks import check_keys
 from .errors import DeadlineExceededError, from_rpc_error, is_session_lost, protocol_error
 from .leases import MatchResult
+from .match_lane import lane_for
 from .retry import MAX_DELAY
 from .saves import SaveResult
 from .session import MATCH_METHOD, NamespaceLike
@@ -84,6 +85,7 @@ class Client:
         self._sync_channel: Optional[grpc.Channel] = None
         self._sync_match: Optional[Any] = None   # Match on it (_match_here)
         self._sync_release: Optional[Any] = None   # Release on it (_release_here)
+        self.lane = lane_for(target, tls, token)   # leased Matches, gRPC's stand-in
 
     # ---- lifecycle
 
@@ -128,6 +130,8 @@ class Client:
             if self._closed:
                 return
             self._closed = True
+        if self.lane is not None:
+            self.lane.close()
         if self._sync_channel is not None:
             self._sync_channel.close()
         try:
@@ -227,7 +231,8 @@ class Client:
     def _match_here(self, keys: Sequence[bytes], blocks: bool,
                     report_use: bool) -> Optional[MatchResult]:
         """A leased Match (one RPC, never retried, as AsyncClient.match makes
-        it) sent from the calling thread on the blocking channel: no hop to
+        it) sent from the calling thread, on the match lane where the daemon
+        has one (match_lane.py), else on the blocking channel: no hop to
         the event loop thread and back, which cost the connector's lookups
         about as much as the RPC itself on a busy 2-core machine (issue 12).
         None where the async path must do it: the daemon lost the session
@@ -242,8 +247,10 @@ class Client:
         keys = keys[:ac.max_keys_per_call or len(keys)]
         ask = blocks and ac.arena_mapping is not None
         req = encode_match_request(ac.session_id, keys, kb, True, ask, report_use)
-        try:
-            resp = self._match_rpc()(req, timeout=self._timeout, metadata=self._metadata)
+        try:   # the lane's LaneError is an RpcError too
+            got = self.lane.call(req, self._timeout) if self.lane is not None else None
+            resp = parse_match_response(got) if got is not None else \
+                self._match_rpc()(req, timeout=self._timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             if is_session_lost(e):
                 return None

@@ -20,12 +20,14 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
+from kvkeeper.client.match_lane import lane_path
 from kvkeeper.client.peer_wire import peer_socket_path
 from kvkeeper.v1 import admin_pb2, admin_pb2_grpc, kvkeeper_pb2, kvkeeper_pb2_grpc
 from kvkeeper.v1 import residency_pb2, residency_pb2_grpc
 
 from .api.admin import AdminServicer
 from .api.decoding import GenericOnly, add_guarded
+from .api.match_lane import MatchLaneServer
 from .api.residency import ResidencyServicer
 from .api.servicer import BULK_CODECS, KVKeeperServicer
 from .config import Config, ConfigError
@@ -155,6 +157,8 @@ class Daemon:
         self._stopped = False
         # Same-host peer handles (KV cache memory as descriptors), beside the socket.
         self.peer: Optional[PeerService] = None
+        # Match without gRPC, beside the socket (api/match_lane.py); none with tokens.
+        self.lane: Optional[MatchLaneServer] = None
         self.gc = GcPolicy(config.server.gc_freeze_interval_seconds)
 
     @property
@@ -181,6 +185,11 @@ class Daemon:
             self.peer = PeerService(self.ledger, peer_socket_path(path), lc.socket_mode,
                                     lambda p: give_group(p, self._gid))
             self.peer.bind()
+            if self.tokens is None:
+                self.lane = MatchLaneServer(self.servicer, lane_path(path), lc.socket_mode,
+                                            lambda p: give_group(p, self._gid),
+                                            self.config.server.max_message_bytes)
+                self.lane.bind()
             self.metrics.registry.register(PeerCollector(self.peer))
         if lc.tcp:
             if self._tcp_credentials is not None:
@@ -204,6 +213,8 @@ class Daemon:
             give_group(self.socket_path, self._gid)
         if self.peer is not None:
             await self.peer.start()
+        if self.lane is not None:
+            await self.lane.start()
         self._reaper = asyncio.get_running_loop().create_task(self._reap())
         self._gc_ticker = asyncio.get_running_loop().create_task(self._gc_ticks())
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -309,6 +320,8 @@ class Daemon:
         await self.server.stop(max(0.0, deadline - time.monotonic()))
         if self.peer is not None:
             await self.peer.stop()
+        if self.lane is not None:
+            await self.lane.stop()
         # No request comes any more: hand the heap back to CPython's own GC.
         self.gc.release()
         # Write-back: everything acknowledged reaches the tiers below before the arena goes.

@@ -38,8 +38,9 @@ def _message_name(deserialize: Callable[[bytes], Any]) -> str:
     return descriptor.full_name if descriptor is not None else "the method's request message"
 
 
-def _guard(method: str, message: str,
-           deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+def guard(method: str, message: str,
+          deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """`deserialize` that answers Malformed instead of raising (the match lane's too)."""
     def safe(data: bytes) -> Any:
         try:
             return deserialize(data)
@@ -69,7 +70,7 @@ class _Registration:
         # Named from the generated handlers, before hand-written codecs replace them.
         messages = {name: _message_name(h.request_deserializer) for name, h in handlers.items()}
         handlers = {name: h._replace(**self.codecs.get(name, {})) for name, h in handlers.items()}
-        guarded = {name: h._replace(request_deserializer=_guard(
+        guarded = {name: h._replace(request_deserializer=guard(
                        f"{short}/{name}", messages[name], h.request_deserializer))
                    for name, h in handlers.items()}
         # Generic only (see GenericOnly): found by one dict lookup per call.

@@ -48,6 +48,7 @@ async def test_a_leased_match_does_not_go_through_the_event_loop(daemon: Any) ->
             miss = c.match(keys(2, salt=9), lease=True, blocks=True)
             assert (miss.matched, miss.lease_id, miss.blocks) == (0, None, [])
             assert calls == []
+            assert c.lane is not None and c.lane.calls == 2   # both on the match lane
             assert c.match(ks).matched == 3 and len(calls) == 1   # unleased: as before
 
     await asyncio.to_thread(run)
@@ -64,6 +65,8 @@ async def test_a_leased_match_after_the_daemon_lost_the_session_registers_again(
             m = c.match(ks, lease=True, blocks=True)
             assert (m.matched, len(m.blocks)) == (2, 2) and c.session_id != old
             c.release(m.lease_id)
+            assert c.lane is not None and c.lane.calls == 0   # NOT_FOUND there, then gRPC
+            assert c.match(ks, lease=True).matched == 2 and c.lane.calls == 1
 
     # The blocks outlive the session that saved them (they are the daemon's).
     await asyncio.to_thread(run)
@@ -94,3 +97,27 @@ async def test_release_and_narrow_do_not_go_through_the_event_loop(daemon: Any) 
             assert calls == []
 
     await asyncio.to_thread(run)
+
+
+async def test_without_the_lane_a_leased_match_goes_over_grpc(daemon: Any) -> None:
+    lane = daemon.lane
+
+    def run(c: Any, ks: list[bytes], lane_calls: int) -> None:
+        m = c.match(ks, lease=True, blocks=True)
+        assert (m.matched, len(m.blocks)) == (2, 2)
+        c.release(m.lease_id)
+        assert c.lane.calls == lane_calls and not daemon.ledger.leases
+
+    c = await asyncio.to_thread(Client.connect, f"unix://{daemon.socket_path}", NS,
+                                transport="shm")
+    try:
+        ks = keys(2, salt=6)
+        await asyncio.to_thread(c.save, ks, blocks(2, seed=6))
+        await asyncio.to_thread(run, c, ks, 1)
+        # The lane goes away under an open connection (a daemon stopping it):
+        # the next lookup still gets its answer, over gRPC.
+        await lane.stop()
+        await asyncio.to_thread(run, c, ks, 1)
+        await asyncio.to_thread(run, c, ks, 1)   # no lane there: gRPC at once
+    finally:
+        await asyncio.to_thread(c.close)
