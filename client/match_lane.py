@@ -38,8 +38,12 @@ _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 # Seconds the lane stays unused after it could not connect: a daemon without
 # one (an older daemon, or one with a tokens file) costs a failed connect
-# that often, not every lookup.
-RETRY_AFTER_S = 30.0
+# (microseconds on a unix socket) that often, not every lookup. Short, because
+# the same failure is also a daemon being restarted: meanwhile lookups go over
+# gRPC, whose channel may sit in its reconnect back-off (1 s, then x1.6 each
+# try) well after the new daemon answers, so with a 30 s pause a restarted
+# daemon's first lookups could miss for seconds.
+RETRY_AFTER_S = 1.0
 
 
 def lane_path(socket_path: str) -> str:
