@@ -35,6 +35,7 @@ from .checksum import DEFAULT as DEFAULT_CHECKSUM, algo_of
 from .errors import from_rpc_error
 from .leases import Leases, MatchResult
 from .loads import Loads
+from .match_lane import AsyncMatchLane, lane_for
 from .saves import SaveResult, Saves
 from .session import Metadata, NamespaceLike, Session, namespace_descriptor
 from .transport import Transport
@@ -68,7 +69,8 @@ class AsyncClient:
 
     def __init__(self, channel: grpc.aio.Channel, namespace: pb.NamespaceDescriptor, *,
                  instance_id: str, timeout: float, transport: Transport, checksum: str,
-                 max_retries: int, metadata: Metadata, copy_threads: int = 0) -> None:
+                 max_retries: int, metadata: Metadata, copy_threads: int = 0,
+                 lane: Optional[AsyncMatchLane] = None) -> None:
         self._channel = channel
         self._health = health_pb2_grpc.HealthStub(channel)
         self._timeout = timeout
@@ -76,7 +78,7 @@ class AsyncClient:
         self._copy_threads = copy_threads
         self._session = Session(channel, namespace, instance_id=instance_id, timeout=timeout,
                                 max_retries=max_retries, metadata=metadata,
-                                on_arena=transport.update)
+                                on_arena=transport.update, lane=lane)
         algo = algo_of(checksum)
         self._loads = Loads(self._session, transport, algo, copy_threads)
         self._saves = Saves(self._session, transport, algo, copy_threads)
@@ -88,7 +90,8 @@ class AsyncClient:
     async def connect(cls, url: str, namespace: NamespaceLike, *, instance_id: str = "",
                       timeout: float = 5.0, transport: str = "auto",
                       checksum: str = DEFAULT_CHECKSUM, max_retries: int = 5, token: Optional[str] = None,
-                      tls: TLSLike = None, copy_threads: int = 0) -> "AsyncClient":
+                      tls: TLSLike = None, copy_threads: int = 0,
+                      match_lane: bool = True) -> "AsyncClient":
         """Open a channel to `url`, register a session and start heartbeats.
 
         timeout: deadline of every RPC, in seconds (a stream's deadline covers
@@ -103,6 +106,9 @@ class AsyncClient:
         copy_threads: threads that copy (and checksum) a same-host save or
         load of 16 MiB or more at once, a shard of its blocks each; 0 (auto):
         as many as the CPUs the calling thread may run on, at most 4.
+        match_lane: on a unix socket without TLS or a token, Match calls go
+        on the daemon's match lane (client/match_lane.py) where it has one;
+        False keeps them on gRPC.
         """
         byte_path = Transport(transport)
         algo_of(checksum)   # ValueError naming the choices, before anything connects
@@ -118,7 +124,8 @@ class AsyncClient:
         channel = aio_channel(target, tls, CHANNEL_OPTIONS)
         self = cls(channel, ns, instance_id=instance_id, timeout=float(timeout),
                    transport=byte_path, checksum=checksum, max_retries=int(max_retries),
-                   metadata=metadata, copy_threads=copy_threads)
+                   metadata=metadata, copy_threads=copy_threads,
+                   lane=lane_for(target, tls, token, AsyncMatchLane) if match_lane else None)
         try:
             await self._session.register(initial=True)
         except BaseException:

@@ -21,20 +21,23 @@ Both sides import only this module for the format.
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import struct
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Coroutine, List, Optional, Tuple, TypeVar
 
 import grpc
 
-__all__ = ["LANE_SUFFIX", "LEN", "LaneError", "MatchLane", "answer_frame", "lane_for", "lane_path"]
+__all__ = ["LANE_SUFFIX", "LEN", "AsyncMatchLane", "LaneError", "MatchLane", "answer_frame",
+           "lane_for", "lane_path", "read_answer"]
 
 LANE_SUFFIX = ".match"
 LEN = struct.Struct("<I")
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
+L = TypeVar("L")
 
 # Seconds the lane stays unused after it could not connect: a daemon without
 # one (an older daemon, or one with a tokens file) costs a failed connect
@@ -141,17 +144,121 @@ class MatchLane:
             self._drop()
             raise LaneError(grpc.StatusCode.UNAVAILABLE,
                             f"the match lane closed before answering: {e}") from None
-        code = _CODES.get(body[0], grpc.StatusCode.UNKNOWN) if body else grpc.StatusCode.UNKNOWN
-        if code is not grpc.StatusCode.OK:
-            raise LaneError(code, body[1:].decode("utf-8", "replace"))
+        resp = read_answer(body)
         self.calls += 1
-        return body[1:]
+        return resp
 
     def close(self) -> None:
         """No new connections; this thread's is closed (the others close
         with their threads' ends or the process's)."""
         self._closed = True
         self._drop()
+
+
+class AsyncMatchLane:
+    """The lane for an asyncio client (AsyncClient's Match, any kind): a pool
+    of connections, each carrying one call at a time, so concurrent calls
+    never wait for each other's answers. call() as MatchLane.call."""
+
+    def __init__(self, path: str, *, retry_after_s: float = RETRY_AFTER_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = path
+        self._retry_after_s = retry_after_s
+        self._clock = clock
+        self._idle: List[Conn] = []
+        self._not_before = 0.0
+        self._closed = False
+        self.calls = 0
+
+    async def _take(self) -> Optional[Conn]:
+        while self._idle:
+            r, w = self._idle.pop()
+            if not (r.at_eof() or w.is_closing()):
+                return r, w
+            w.close()   # the daemon closed it while it was idle (a restart)
+        if self._closed or self._clock() < self._not_before:
+            return None
+        try:
+            return await asyncio.open_unix_connection(self.path)
+        except OSError:
+            self._not_before = self._clock() + self._retry_after_s
+            return None
+
+    async def call(self, request: bytes, timeout: float) -> Optional[bytes]:
+        frame = LEN.pack(len(request)) + request
+        for _ in range(2):   # a connection the daemon closed (a restart), then a new one
+            conn = await self._take()
+            if conn is None:
+                return None
+            try:
+                body = await self._exchange(conn, frame, timeout)
+            except BrokenPipeError:
+                # Written to a connection the daemon had closed: it never got
+                # the frame whole, so it cannot have acted on it.
+                continue
+            resp = read_answer(body)
+            self.calls += 1
+            return resp
+        return None
+
+    async def _exchange(self, conn: Conn, frame: bytes, timeout: float) -> bytes:
+        r, w = conn
+        ok = False
+        try:
+            w.write(frame)
+            body = await _within(_read_frame(r), timeout)
+            ok = True
+            return body
+        except asyncio.TimeoutError:
+            raise LaneError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                            f"no answer on the match lane within {timeout:.3f} s") from None
+        except BrokenPipeError:
+            raise
+        except (OSError, asyncio.IncompleteReadError) as e:
+            raise LaneError(grpc.StatusCode.UNAVAILABLE,
+                            f"the match lane closed before answering: {e!r}") from None
+        finally:
+            # A connection whose call did not end with a whole answer (an
+            # error, a timeout, a cancelled caller) may still get that answer:
+            # it must never be read as another call's.
+            if ok and not self._closed:
+                self._idle.append(conn)
+            else:
+                w.close()
+
+    def close(self) -> None:
+        """No new connections; the idle ones close (calls in flight close
+        theirs as they end)."""
+        self._closed = True
+        while self._idle:
+            self._idle.pop()[1].close()
+
+
+Conn = Tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+async def _read_frame(r: asyncio.StreamReader) -> bytes:
+    n = LEN.unpack(await r.readexactly(LEN.size))[0]
+    return await r.readexactly(n) if n else b""
+
+
+async def _within(aw: Coroutine[Any, Any, bytes], timeout: float) -> bytes:
+    """`aw`'s result, or asyncio.TimeoutError after `timeout` seconds; with
+    asyncio.timeout where there is one (3.11), which, unlike wait_for,
+    makes no task per call."""
+    if not hasattr(asyncio, "timeout"):
+        return await asyncio.wait_for(aw, timeout)
+    async with asyncio.timeout(timeout):
+        return await aw
+
+
+def read_answer(body: bytes) -> bytes:
+    """The MatchResponse bytes of an answer frame's body; LaneError for a
+    status other than OK."""
+    code = _CODES.get(body[0], grpc.StatusCode.UNKNOWN) if body else grpc.StatusCode.UNKNOWN
+    if code is not grpc.StatusCode.OK:
+        raise LaneError(code, body[1:].decode("utf-8", "replace"))
+    return body[1:]
 
 
 def _recv(s: socket.socket, n: int) -> bytes:
@@ -166,9 +273,11 @@ def _recv(s: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def lane_for(target: str, tls: Any, token: Optional[str]) -> Optional[MatchLane]:
-    """The lane of a client of `target` (a gRPC target), or None where there
-    is none: TCP, TLS or a bearer token (a daemon with tokens has no lane)."""
+def lane_for(target: str, tls: Any, token: Optional[str],
+             kind: Callable[[str], L] = MatchLane) -> Optional[L]:  # type: ignore[assignment]
+    """The lane (`kind`: MatchLane or AsyncMatchLane) of a client of `target`
+    (a gRPC target), or None where there is none: TCP, TLS or a bearer token
+    (a daemon with tokens has no lane)."""
     if tls or token or not target.startswith("unix:"):
         return None
-    return MatchLane(lane_path(target[len("unix:"):]))
+    return kind(lane_path(target[len("unix:"):]))

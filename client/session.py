@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable, Mapping, Optional, Tuple, Union
+from typing import Any, Awaitable, Callable, Mapping, Optional, Tuple, Union
 
 import grpc
 
@@ -26,6 +26,7 @@ from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 from kvkeeper.v1 import residency_pb2_grpc as rpb_grpc
 
 from .errors import KVKeeperClientError, from_rpc_error, is_session_lost, protocol_error
+from .match_lane import AsyncMatchLane
 from .retry import call_with_retry
 from .watch import hold_watch
 from .wire import parse_match_response
@@ -35,6 +36,7 @@ __all__ = ["Session", "Metadata", "NamespaceLike", "namespace_descriptor"]
 log = logging.getLogger(__name__)
 
 MATCH_METHOD = "/kvkeeper.v1.KVKeeper/Match"
+LANE_DEFAULT_TIMEOUT_S = 60.0   # a lane call without a deadline still ends
 
 NamespaceLike = Union[Mapping[str, Any], pb.NamespaceDescriptor]
 Metadata = Optional[Tuple[Tuple[str, str], ...]]  # gRPC call metadata: the bearer token
@@ -66,17 +68,21 @@ class Session:
 
     on_arena(arena or None, initial): called with what each registration
     announced, before the session is used; it may raise to fail an initial one.
+    lane: where Match goes first (match_lane.py), gRPC where it cannot.
     """
 
     def __init__(self, channel: grpc.aio.Channel, namespace: pb.NamespaceDescriptor, *,
                  instance_id: str, timeout: float, max_retries: int, metadata: Metadata,
-                 on_arena: Callable[[Optional[pb.ShmArena], bool], None]) -> None:
+                 on_arena: Callable[[Optional[pb.ShmArena], bool], None],
+                 lane: Optional[AsyncMatchLane] = None) -> None:
         self.channel = channel
         self.stub = pb_grpc.KVKeeperStub(channel)
         # Match's messages by hand (wire.py): the request goes as built, the
         # answer comes back as a wire.MatchReply.
-        self._methods = {"Match": channel.unary_unary(
-            MATCH_METHOD, request_serializer=None, response_deserializer=parse_match_response),
+        match = channel.unary_unary(
+            MATCH_METHOD, request_serializer=None, response_deserializer=parse_match_response)
+        self.lane = lane
+        self._methods = {"Match": match if lane is None else lane_first(lane, match),
             # The residency service's session-scoped call (residency.proto).
             "ReportResidency": rpb_grpc.KVKeeperResidencyStub(channel).ReportResidency}
         self.namespace = namespace
@@ -185,6 +191,8 @@ class Session:
             # session as disconnected (it frees the leases the same, but says so).
             await _stop(self._watch_task)
             self._watch_task = None
+            if self.lane is not None:
+                self.lane.close()
 
     # ---- calls
 
@@ -220,6 +228,20 @@ class Session:
                     rebind: bool) -> Any:
         """unary_sid's response alone."""
         return (await self.unary_sid(rpc, build, retry=retry, rebind=rebind))[0]
+
+
+def lane_first(lane: AsyncMatchLane, match: Any) -> Callable[..., Awaitable[Any]]:
+    """A stand-in for the Match multi-callable `match` that asks on `lane`,
+    and over gRPC where the lane cannot be used (none there, or its
+    connection broke before the request was sent: see MatchLane.call). A
+    status the lane answers is a grpc.RpcError, so retries, re-registration
+    and error mapping treat it as the same call's over gRPC."""
+    async def call(req: bytes, timeout: Optional[float] = None, metadata: Metadata = None) -> Any:
+        got = await lane.call(req, timeout if timeout is not None else LANE_DEFAULT_TIMEOUT_S)
+        if got is None:
+            return await match(req, timeout=timeout, metadata=metadata)
+        return parse_match_response(got)
+    return call
 
 
 async def _stop(task: Optional[asyncio.Task]) -> None:

@@ -94,7 +94,7 @@ class Client:
                 timeout: float = 5.0, transport: str = "auto",
                 checksum: str = DEFAULT_CHECKSUM, max_retries: int = 5, call_timeout: Optional[float] = None,
                 token: Optional[str] = None, tls: TLSLike = None,
-                copy_threads: int = 0) -> "Client":
+                copy_threads: int = 0, match_lane: bool = True) -> "Client":
         """Start the loop thread and connect there (see AsyncClient.connect).
 
         call_timeout: the most seconds one method may block; None derives it
@@ -108,7 +108,7 @@ class Client:
             AsyncClient.connect(url, namespace, instance_id=instance_id, timeout=timeout,
                                 transport=transport, checksum=checksum,
                                 max_retries=max_retries, token=token, tls=tls,
-                                copy_threads=copy_threads), loop)
+                                copy_threads=copy_threads, match_lane=match_lane), loop)
         try:
             budget = call_timeout or _budget(timeout, max_retries, 2)
             aclient = _wait(fut, budget, "connect")
@@ -118,6 +118,7 @@ class Client:
             raise
         self = cls(loop, thread, aclient, timeout, max_retries, call_timeout,
                    target=to_grpc_target(url), tls=tls, token=token)
+        self.lane = self.lane if match_lane else None
         # Leased Matches (and, streaming, the loads) go on the blocking
         # channel: connect it now, not in the first lookup.
         grpc.channel_ready_future(self._stream_channel())

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import os
 import socket
-from typing import Any, Callable, Optional, Set
+from typing import Any, Callable, Dict, Optional
 
 import grpc
 
@@ -70,7 +70,7 @@ class MatchLaneServer:
         self._peer = f"unix:{path}"
         self._sock: Optional[socket.socket] = None
         self._server: Optional[asyncio.AbstractServer] = None
-        self._conns: Set[asyncio.Task[Any]] = set()
+        self._conns: Dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
 
     def bind(self) -> None:
         if os.path.lexists(self.path):
@@ -99,17 +99,24 @@ class MatchLaneServer:
             self._server.close()
             self._server = None
         self._sock = None
-        for t in list(self._conns):
-            t.cancel()
+        # Closing a connection ends its task at its next read (a call being
+        # answered ends first); cancelling the tasks instead would have asyncio
+        # log each one's CancelledError as an error.
+        for w in list(self._conns.values()):
+            w.close()
         if self._conns:
-            await asyncio.gather(*self._conns, return_exceptions=True)
+            _, late = await asyncio.wait(list(self._conns), timeout=5.0)
+            for t in late:
+                t.cancel()
+            if late:
+                await asyncio.gather(*late, return_exceptions=True)
         if os.path.lexists(self.path):
             os.unlink(self.path)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         if task is not None:
-            self._conns.add(task)
+            self._conns[task] = writer
         try:
             while True:
                 n = LEN.unpack(await reader.readexactly(LEN.size))[0]
@@ -123,7 +130,7 @@ class MatchLaneServer:
             return   # the client went away, or broke the framing
         finally:
             if task is not None:
-                self._conns.discard(task)
+                self._conns.pop(task, None)
             writer.close()
 
     async def answer(self, body: bytes) -> bytes:

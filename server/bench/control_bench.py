@@ -7,7 +7,10 @@ number of calls against each.
 
 * kvkeeper: `AsyncClient.match` of a 256-key chain of 32-byte keys, all
   present, no lease (the keys were saved beforehand), through the client
-  library as a vLLM connector would call it.
+  library as a vLLM connector would call it: on the daemon's match lane
+  (client/match_lane.py), as every client on its unix socket does.
+* extra, informational: the same client with match_lane=False, i.e. the
+  Match over gRPC, which is what a remote client (TCP) gets.
 * baseline: a unary call on a bare grpc.aio server with a generic handler
   (no protobuf, no servicer), request 256 * 32 = 8192 bytes, response 8 bytes.
 * extra, informational: the same Match through a bare generated stub with a
@@ -113,6 +116,9 @@ async def _one_level(c: int, scale: Scale, kvk: ServerProcess, raw: ServerProces
 
     clients = [await AsyncClient.connect(kvk.url, ns, transport="shm", checksum="none",
                                          instance_id=f"bench-{i}") for i in range(c)]
+    grpc_clients = [await AsyncClient.connect(kvk.url, ns, transport="shm", checksum="none",
+                                              instance_id=f"bench-grpc-{i}", match_lane=False)
+                    for i in range(c)]
     raw_channels = [grpc.aio.insecure_channel(raw.target, options=RAW_OPTIONS) for _ in range(c)]
     stub_channels = [grpc.aio.insecure_channel(kvk.target, options=RAW_OPTIONS) for _ in range(c)]
     try:
@@ -143,6 +149,7 @@ async def _one_level(c: int, scale: Scale, kvk: ServerProcess, raw: ServerProces
         kinds: dict[str, list[Call]] = {
             "echo": [echo_call(ch) for ch in raw_channels],
             "client": [client_call(cl) for cl in clients],
+            "client_grpc": [client_call(cl) for cl in grpc_clients],
             "stub": [stub_call(ch, cl.session_id) for ch, cl in zip(stub_channels, clients)],
         }
         lat: dict[str, list[float]] = {k: [] for k in kinds}
@@ -157,7 +164,7 @@ async def _one_level(c: int, scale: Scale, kvk: ServerProcess, raw: ServerProces
             for k in order:
                 wall[k] += await load_calls(kinds[k], n, lat[k])
     finally:
-        for cl in clients:
+        for cl in clients + grpc_clients:
             await cl.close()
         for ch in raw_channels + stub_channels:
             await ch.close()
@@ -172,7 +179,12 @@ async def _one_level(c: int, scale: Scale, kvk: ServerProcess, raw: ServerProces
         Result(name=f"control.match.p50_us.c{c}", value=p["client"][50], unit="us",
                baseline_name=f"{echo_name}: p50", baseline_value=p["echo"][50], better="lower",
                target="<= 1.3", params=params,
-               note="Match of a 256-key chain through AsyncClient, no lease"),
+               note="Match of a 256-key chain through AsyncClient (on the match lane), no lease"),
+        Result(name=f"control.match_grpc.p50_us.c{c}", value=p["client_grpc"][50], unit="us",
+               baseline_name=f"{echo_name}: p50", baseline_value=p["echo"][50], better="lower",
+               params=params,
+               note="the same Match through AsyncClient with match_lane=False: over gRPC, "
+                    "as a remote client's"),
         Result(name=f"control.match.p99_us.c{c}", value=p["client"][99], unit="us",
                baseline_name=f"{echo_name}: p99", baseline_value=p["echo"][99], better="lower",
                params=params),

@@ -2,11 +2,9 @@
 gRPC (None), and how an answer that never comes whole is the call's error."""
 from __future__ import annotations
 
-import os
 import socket
-import tempfile
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import grpc
 import pytest
@@ -14,23 +12,6 @@ import pytest
 from kvkeeper.client.errors import NotFoundError, from_rpc_error, is_session_lost
 from kvkeeper.client.match_lane import (LEN, LaneError, MatchLane, answer_frame, lane_for,
                                         lane_path)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def path() -> Iterator[str]:
-    d = tempfile.mkdtemp(prefix="lane-", dir="/tmp")
-    yield os.path.join(d, "kvk.sock.match")
-    for name in os.listdir(d):
-        os.unlink(os.path.join(d, name))
-    os.rmdir(d)
 
 
 def serve(path: str, script: Callable[[socket.socket], None]) -> threading.Thread:
@@ -56,8 +37,7 @@ def read_request(conn: socket.socket) -> bytes:
     return conn.recv(n, socket.MSG_WAITALL)
 
 
-def test_no_socket_gives_way_to_grpc_and_backs_off(path: str) -> None:
-    clock = Clock()
+def test_no_socket_gives_way_to_grpc_and_backs_off(path: str, clock: Any) -> None:
     lane = MatchLane(path, clock=clock)
     assert lane.call(b"req", 1.0) is None
     answers = [answer_frame(grpc.StatusCode.OK, b"resp")]

@@ -6,23 +6,11 @@ import asyncio
 import time
 from typing import Any
 
-import numpy as np
-
 import pytest
 
 from kvkeeper.client import Client, FailedPreconditionError
 
-BLOCK = 2 * 4096
-NS = dict(model_id="tiny", dtype="float16", kv_layout="NHD", block_tokens=32, block_bytes=BLOCK)
-
-
-def keys(n: int, salt: int = 0) -> list[bytes]:
-    return [(salt * 1000 + i).to_bytes(4, "little") * 8 for i in range(n)]
-
-
-def blocks(n: int, seed: int = 0) -> list[bytes]:
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, 256, BLOCK, dtype=np.uint8).tobytes() for _ in range(n)]
+from lane_data import NS, blocks, keys
 
 
 async def test_a_leased_match_does_not_go_through_the_event_loop(daemon: Any) -> None:

@@ -75,6 +75,7 @@ def test_ledger_quick(capsys: pytest.CaptureFixture[str]) -> None:
 def test_control_quick(capsys: pytest.CaptureFixture[str]) -> None:
     items = run_cli(capsys, "control")
     names = {f"control.match.{m}.c{c}" for m in ("p50_us", "p99_us", "ops_per_s") for c in (1, 16)}
+    names |= {f"control.{k}.p50_us.c{c}" for k in ("match_grpc", "match_stub") for c in (1, 16)}
     check_shape(items, "control", names)
     by = {r["name"]: r for r in items}
     assert by["control.match.p50_us.c1"]["target"] == "<= 1.3"
