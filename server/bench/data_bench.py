@@ -68,6 +68,11 @@ KINDS = (("shm", "shm", "none", 0), ("shm_xxh3", "shm", "xxh3", 0),
 class Scale(BlockScale):
     """Block sizes, bytes per measurement and repetitions (sizes.py)."""
 
+    # With 3 repetitions the stream ratios spread from 0.80 to 1.06 between
+    # runs on a quiet machine: a median of 3 grpc.aio streams is at one
+    # stall's mercy. 9 cost about 20 s more.
+    FULL_REPS = 9
+
 
 class _Keys:
     def __init__(self) -> None:
