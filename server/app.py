@@ -27,7 +27,7 @@ from kvkeeper.v1 import residency_pb2, residency_pb2_grpc
 
 from .api.admin import AdminServicer
 from .api.decoding import GenericOnly, add_guarded
-from .api.match_lane import MatchLaneServer
+from .api.match_lane import LaneCollector, MatchLaneServer
 from .api.residency import ResidencyServicer
 from .api.servicer import BULK_CODECS, KVKeeperServicer
 from .config import Config, ConfigError
@@ -190,6 +190,7 @@ class Daemon:
                                             lambda p: give_group(p, self._gid),
                                             self.config.server.max_message_bytes)
                 self.lane.bind()
+                self.metrics.registry.register(LaneCollector(self.lane))
             self.metrics.registry.register(PeerCollector(self.peer))
         if lc.tcp:
             if self._tcp_credentials is not None:

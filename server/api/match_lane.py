@@ -18,9 +18,10 @@ import asyncio
 import logging
 import os
 import socket
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import grpc
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from kvkeeper.client.match_lane import LEN, answer_frame
 from kvkeeper.client.wire import frame_or_message
@@ -28,7 +29,7 @@ from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 from .decoding import guard
 
-__all__ = ["MatchLaneServer"]
+__all__ = ["LaneCollector", "MatchLaneServer"]
 
 log = logging.getLogger("kvkeeper.api")
 
@@ -71,6 +72,11 @@ class MatchLaneServer:
         self._sock: Optional[socket.socket] = None
         self._server: Optional[asyncio.AbstractServer] = None
         self._conns: Dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
+        self.requests = 0   # frames answered (LaneCollector)
+
+    @property
+    def connections(self) -> int:
+        return len(self._conns)
 
     def bind(self) -> None:
         if os.path.lexists(self.path):
@@ -135,8 +141,39 @@ class MatchLaneServer:
 
     async def answer(self, body: bytes) -> bytes:
         """The answer frame to one request frame's body."""
+        self.requests += 1
         ctx = LaneContext(self._peer)
         resp = await self.servicer.Match(_parse(body), ctx)
         if ctx.code is not None and ctx.code is not grpc.StatusCode.OK:
             return answer_frame(ctx.code, ctx.details.encode("utf-8", "replace"))
         return answer_frame(grpc.StatusCode.OK, frame_or_message(resp))
+
+
+class LaneCollector:
+    """The lane's series, read at scrape time (no labels):
+
+        kvkeeper_match_lane_requests_total  Match calls that came on the lane;
+            kvkeeper_rpc_duration_seconds{method="Match"} counts them too, so
+            the rest of its count came over gRPC
+        kvkeeper_match_lane_connections     clients' lane connections open now
+
+    As the peer socket's collector: the event loop updates the integers, a
+    scrape only reads them."""
+
+    def __init__(self, lane: MatchLaneServer) -> None:
+        self._lane = lane
+
+    def _families(self) -> List[Metric]:
+        requests = CounterMetricFamily("kvkeeper_match_lane_requests", "Match calls that came "
+                                       "on the match lane (the rest came over gRPC).")
+        requests.add_metric([], self._lane.requests)
+        conns = GaugeMetricFamily("kvkeeper_match_lane_connections",
+                                  "Clients' match lane connections open now.")
+        conns.add_metric([], self._lane.connections)
+        return [requests, conns]
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families())

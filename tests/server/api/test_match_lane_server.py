@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import subprocess
 import struct
 from typing import Any, Tuple
 
@@ -37,6 +39,12 @@ def match_count(daemon: Any) -> float:
         "kvkeeper_rpc_duration_seconds_count", {"method": "Match"}) or 0.0
 
 
+def lane_series(daemon: Any) -> Tuple[Any, Any]:
+    """(kvkeeper_match_lane_requests_total, kvkeeper_match_lane_connections)."""
+    get = daemon.metrics.registry.get_sample_value
+    return get("kvkeeper_match_lane_requests_total"), get("kvkeeper_match_lane_connections")
+
+
 async def test_the_lane_answers_what_grpc_answers(daemon: Any, stub: Any) -> None:
     sid, ks = await saved(stub, 3)
     path = lane_path(daemon.socket_path)
@@ -44,8 +52,16 @@ async def test_the_lane_answers_what_grpc_answers(daemon: Any, stub: Any) -> Non
     req = pb.MatchRequest(session_id=sid, keys=ks + [key(99)], lease=True, blocks=True)
     via_grpc = await stub.Match(req)
     calls = match_count(daemon)
+    assert lane_series(daemon) == (0.0, 0.0)   # the gRPC call is not the lane's
     code, body, (_, writer) = await lane_call(daemon, req.SerializeToString())
+    assert lane_series(daemon) == (1.0, 1.0)
     writer.close()
+    await writer.wait_closed()
+    for _ in range(100):   # the daemon sees the connection end
+        if lane_series(daemon)[1] == 0.0:
+            break
+        await asyncio.sleep(0.01)
+    assert lane_series(daemon) == (1.0, 0.0)
     assert code == grpc.StatusCode.OK
     via_lane = pb.MatchResponse.FromString(body)
     assert via_lane.matched == via_grpc.matched == 3
@@ -121,3 +137,18 @@ async def test_no_lane_with_tokens_and_none_left_after_stop(daemon_factory: Any,
     conn[1].close()
     with pytest.raises(OSError):
         await asyncio.open_unix_connection(path)
+
+
+async def test_the_lane_series_pass_promtool(daemon: Any) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("CI"):
+            pytest.fail("promtool missing: .ci/run must install prometheus")
+        pytest.skip("promtool not installed (apt-get install prometheus)")
+    text = daemon.metrics.render()
+    assert b"kvkeeper_match_lane_requests_total 0.0" in text
+    assert b"kvkeeper_match_lane_connections 0.0" in text
+    proc = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                          timeout=60)
+    assert proc.returncode == 0 and not proc.stdout.strip() and not proc.stderr.strip(), \
+        (proc.stdout + proc.stderr).decode()
