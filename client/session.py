@@ -36,7 +36,6 @@ __all__ = ["Session", "Metadata", "NamespaceLike", "namespace_descriptor"]
 log = logging.getLogger(__name__)
 
 MATCH_METHOD = "/kvkeeper.v1.KVKeeper/Match"
-LANE_DEFAULT_TIMEOUT_S = 60.0   # a lane call without a deadline still ends
 
 NamespaceLike = Union[Mapping[str, Any], pb.NamespaceDescriptor]
 Metadata = Optional[Tuple[Tuple[str, str], ...]]  # gRPC call metadata: the bearer token
@@ -236,8 +235,9 @@ def lane_first(lane: AsyncMatchLane, match: Any) -> Callable[..., Awaitable[Any]
     connection broke before the request was sent: see MatchLane.call). A
     status the lane answers is a grpc.RpcError, so retries, re-registration
     and error mapping treat it as the same call's over gRPC."""
-    async def call(req: bytes, timeout: Optional[float] = None, metadata: Metadata = None) -> Any:
-        got = await lane.call(req, timeout if timeout is not None else LANE_DEFAULT_TIMEOUT_S)
+    async def call(req: bytes, timeout: float, metadata: Metadata) -> Any:
+        # unary_sid, the one caller, always passes the session's deadline.
+        got = await lane.call(req, timeout)
         if got is None:
             return await match(req, timeout=timeout, metadata=metadata)
         return parse_match_response(got)

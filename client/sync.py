@@ -70,7 +70,7 @@ class Client:
     def __init__(self, loop: asyncio.AbstractEventLoop, thread: threading.Thread,
                  aclient: AsyncClient, timeout: float, max_retries: int,
                  call_timeout: Optional[float], target: str = "", tls: TLSLike = None,
-                 token: Optional[str] = None) -> None:
+                 token: Optional[str] = None, match_lane: bool = True) -> None:
         self._loop = loop
         self._thread = thread
         self._aclient = aclient
@@ -85,7 +85,8 @@ class Client:
         self._sync_channel: Optional[grpc.Channel] = None
         self._sync_match: Optional[Any] = None   # Match on it (_match_here)
         self._sync_release: Optional[Any] = None   # Release on it (_release_here)
-        self.lane = lane_for(target, tls, token)   # leased Matches, gRPC's stand-in
+        # leased Matches, gRPC's stand-in
+        self.lane = lane_for(target, tls, token) if match_lane else None
 
     # ---- lifecycle
 
@@ -117,8 +118,7 @@ class Client:
             thread.join(5.0)
             raise
         self = cls(loop, thread, aclient, timeout, max_retries, call_timeout,
-                   target=to_grpc_target(url), tls=tls, token=token)
-        self.lane = self.lane if match_lane else None
+                   target=to_grpc_target(url), tls=tls, token=token, match_lane=match_lane)
         # Leased Matches (and, streaming, the loads) go on the blocking
         # channel: connect it now, not in the first lookup.
         grpc.channel_ready_future(self._stream_channel())
