@@ -22,6 +22,7 @@ Both sides import only this module for the format.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import socket
 import struct
@@ -47,6 +48,15 @@ L = TypeVar("L")
 # try) well after the new daemon answers, so with a 30 s pause a restarted
 # daemon's first lookups could miss for seconds.
 RETRY_AFTER_S = 1.0
+# Idle connections an AsyncMatchLane keeps: a burst of concurrent calls opens
+# one each, and past this many they close as their calls end, so a quiet
+# client does not hold a burst's worth of descriptors (and daemon tasks).
+MAX_IDLE = 16
+# A write that fails with these never reached the daemon whole: it cannot
+# have acted on it (EPIPE: it had closed the connection; ENOTCONN: asyncio
+# took a connect refused for a full listen queue, EAGAIN on a unix socket,
+# as one in progress).
+_NOT_SENT = (errno.EPIPE, errno.ENOTCONN)
 
 
 def lane_path(socket_path: str) -> str:
@@ -130,6 +140,11 @@ class MatchLane:
                 break
             except OSError:
                 self._drop()
+            except BaseException:
+                # Interrupted (a signal's exception) with part of the frame
+                # sent: the daemon would read the next call's as its rest.
+                self._drop()
+                raise
         else:
             return None
         try:
@@ -144,6 +159,9 @@ class MatchLane:
             self._drop()
             raise LaneError(grpc.StatusCode.UNAVAILABLE,
                             f"the match lane closed before answering: {e}") from None
+        except BaseException:
+            self._drop()   # interrupted: the same, whatever interrupted it
+            raise
         resp = read_answer(body)
         self.calls += 1
         return resp
@@ -179,10 +197,20 @@ class AsyncMatchLane:
         if self._closed or self._clock() < self._not_before:
             return None
         try:
-            return await asyncio.open_unix_connection(self.path)
+            r, w = await asyncio.open_unix_connection(self.path)
         except OSError:
             self._not_before = self._clock() + self._retry_after_s
             return None
+        try:
+            # A full listen queue refuses a unix connect with EAGAIN, which
+            # asyncio takes for a connect in progress: it hands back a socket
+            # that is not connected. This call goes over gRPC; the lane stays
+            # (the burst passes), so no back-off.
+            w.get_extra_info("socket").getpeername()
+        except OSError:
+            w.close()
+            return None
+        return r, w
 
     async def call(self, request: bytes, timeout: float) -> Optional[bytes]:
         frame = LEN.pack(len(request)) + request
@@ -192,10 +220,8 @@ class AsyncMatchLane:
                 return None
             try:
                 body = await self._exchange(conn, frame, timeout)
-            except BrokenPipeError:
-                # Written to a connection the daemon had closed: it never got
-                # the frame whole, so it cannot have acted on it.
-                continue
+            except _Unsent:
+                continue   # on a new connection (see _NOT_SENT)
             resp = read_answer(body)
             self.calls += 1
             return resp
@@ -212,16 +238,19 @@ class AsyncMatchLane:
         except asyncio.TimeoutError:
             raise LaneError(grpc.StatusCode.DEADLINE_EXCEEDED,
                             f"no answer on the match lane within {timeout:.3f} s") from None
-        except BrokenPipeError:
-            raise
-        except (OSError, asyncio.IncompleteReadError) as e:
+        except OSError as e:
+            if e.errno in _NOT_SENT:
+                raise _Unsent() from e
+            raise LaneError(grpc.StatusCode.UNAVAILABLE,
+                            f"the match lane closed before answering: {e!r}") from None
+        except asyncio.IncompleteReadError as e:
             raise LaneError(grpc.StatusCode.UNAVAILABLE,
                             f"the match lane closed before answering: {e!r}") from None
         finally:
             # A connection whose call did not end with a whole answer (an
             # error, a timeout, a cancelled caller) may still get that answer:
             # it must never be read as another call's.
-            if ok and not self._closed:
+            if ok and not self._closed and len(self._idle) < MAX_IDLE:
                 self._idle.append(conn)
             else:
                 w.close()
@@ -235,6 +264,10 @@ class AsyncMatchLane:
 
 
 Conn = Tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+class _Unsent(Exception):
+    """The frame never reached the daemon whole (_NOT_SENT)."""
 
 
 async def _read_frame(r: asyncio.StreamReader) -> bytes:

@@ -48,6 +48,11 @@ class Unavailable(KVKeeperError):
     """The daemon is shutting down or a tier cannot be reached; retry later."""
 
 
+class DeadlineExceeded(KVKeeperError):
+    """The caller's deadline passed before the answer was ready; nothing the
+    call would have granted was kept."""
+
+
 class InvalidTransition(FailedPrecondition):
     """An event that the block's current state does not allow."""
 

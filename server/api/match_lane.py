@@ -11,12 +11,23 @@ file.
 A frame over the daemon's message limit, or a connection that breaks the
 framing, ends that connection (the client asks over gRPC); anything else,
 a request that does not parse included, gets a status answer.
+
+A caller that hangs up before its answer is ready has given up (a timeout,
+a cancelled call: the clients close such a connection, never reuse it). A
+lease its Match was granted meanwhile is released, not left pinned until
+the session ends: nobody would ever hear of it. gRPC cancels such a
+handler instead; the lane has no cancel, so it looks once the answer is
+ready (one poll of the socket, only for an answer that carries a lease).
+A caller that hangs up after the answer is written, before it reads it, is
+the one case left: as a gRPC answer that reaches a client just past its
+deadline, that lease lasts until its session ends.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
+import select
 import socket
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
@@ -72,7 +83,9 @@ class MatchLaneServer:
         self._sock: Optional[socket.socket] = None
         self._server: Optional[asyncio.AbstractServer] = None
         self._conns: Dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
+        self._stopping = False
         self.requests = 0   # frames answered (LaneCollector)
+        self.unheard = 0    # leases released because their caller hung up first
 
     @property
     def connections(self) -> int:
@@ -87,7 +100,9 @@ class MatchLaneServer:
             os.chmod(self.path, self._mode)
             if self._give_group is not None:
                 self._give_group(self.path)
-            s.listen(64)
+            # The most the kernel allows: a burst of new connections past the
+            # queue would wait (blocking clients) or go over gRPC (async ones).
+            s.listen(socket.SOMAXCONN)
         except BaseException:
             s.close()
             raise
@@ -101,6 +116,7 @@ class MatchLaneServer:
     async def stop(self) -> None:
         """After the gRPC server's stop: the handler refuses (UNAVAILABLE)
         since the drain began, and now the connections close."""
+        self._stopping = True   # a connection accepted from here on closes at once
         if self._server is not None:
             self._server.close()
             self._server = None
@@ -121,8 +137,12 @@ class MatchLaneServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
+        if self._stopping:
+            writer.close()
+            return
         if task is not None:
             self._conns[task] = writer
+        hung_up = _hang_up_check(reader, writer)
         try:
             while True:
                 n = LEN.unpack(await reader.readexactly(LEN.size))[0]
@@ -130,7 +150,10 @@ class MatchLaneServer:
                     log.warning("match lane: a frame of %d bytes exceeds %d; connection closed",
                                 n, self._max)
                     return
-                writer.write(await self.answer(await reader.readexactly(n)))
+                frame = await self.answer(await reader.readexactly(n), hung_up)
+                if frame is None:
+                    return
+                writer.write(frame)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             return   # the client went away, or broke the framing
@@ -139,14 +162,50 @@ class MatchLaneServer:
                 self._conns.pop(task, None)
             writer.close()
 
-    async def answer(self, body: bytes) -> bytes:
-        """The answer frame to one request frame's body."""
+    async def answer(self, body: bytes,
+                     hung_up: Callable[[], bool] = lambda: False) -> Optional[bytes]:
+        """The answer frame to one request frame's body; None when the caller
+        hung up (`hung_up`) before a leased answer was ready: its lease is
+        released (see the module docstring)."""
         self.requests += 1
         ctx = LaneContext(self._peer)
-        resp = await self.servicer.Match(_parse(body), ctx)
+        req = _parse(body)
+        resp = await self.servicer.Match(req, ctx)
         if ctx.code is not None and ctx.code is not grpc.StatusCode.OK:
             return answer_frame(ctx.code, ctx.details.encode("utf-8", "replace"))
-        return answer_frame(grpc.StatusCode.OK, frame_or_message(resp))
+        data = frame_or_message(resp)
+        if req.lease and hung_up():   # req parsed: the handler answered OK
+            lease = pb.MatchResponse.FromString(data).lease_id
+            if lease:
+                self.unheard += 1
+                log.info("match lane: the caller of a leased Match hung up before its answer; "
+                         "lease %d released", lease)
+                await self.servicer.Release(pb.ReleaseRequest(session_id=req.session_id,
+                                                              lease_id=lease),
+                                            LaneContext(self._peer))
+            return None
+        return answer_frame(grpc.StatusCode.OK, data)
+
+
+def _hang_up_check(reader: asyncio.StreamReader,
+                   writer: asyncio.StreamWriter) -> Callable[[], bool]:
+    """Whether the client of this connection has closed its end. The event
+    loop may not have read the end of the stream yet (the handler ran
+    without yielding), so the socket is polled too: one poll(2), no wait."""
+    sock = writer.get_extra_info("socket")
+    poller = select.poll()
+    if sock is not None:
+        poller.register(sock.fileno(), select.POLLRDHUP)
+
+    def hung_up() -> bool:
+        if reader.at_eof():
+            return True
+        try:
+            return any(ev & (select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+                       for _, ev in poller.poll(0))
+        except OSError:
+            return True
+    return hung_up
 
 
 class LaneCollector:

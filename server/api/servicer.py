@@ -17,8 +17,8 @@ from kvkeeper.client.wire import (encode_block_chunk, encode_match_response, enc
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 
-from ..errors import (FailedPrecondition, InvalidArgument, OutOfRange, ResourceExhausted,
-                      Unavailable)
+from ..errors import (DeadlineExceeded, FailedPrecondition, InvalidArgument, OutOfRange,
+                      ResourceExhausted, Unavailable)
 from ..ids import LeaseId, SessionId
 from ..ledger import Block, Lease, Ledger, TierStats
 from ..ledger.sessions import tag
@@ -122,6 +122,14 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         owner = identity.of(context)
         r = await self.stack.match(sid, request.keys, lease=request.lease,
                                    report_use=request.report_use, owner=owner)
+        if r.lease_id and _past_deadline(context):
+            # The stack took longer than the caller waits (a promotion, a
+            # stalled loop): grpc drops an answer past its deadline, so the
+            # lease would stay pinned, unheard of, until the session ends.
+            self.ledger.release(sid, r.lease_id, self.clock(), owner=owner)
+            raise DeadlineExceeded(
+                f"Match: the caller's deadline passed before the answer was ready; lease "
+                f"{r.lease_id} released. Retry, with a longer deadline if this recurs")
         tiers = r.tiers
         if tiers and tiers.count(tiers[0]) == len(tiers):
             pb_tiers = [tier_to_pb(tiers[0])] * len(tiers)
@@ -381,3 +389,12 @@ def _tier_stats_pb(t: TierStats) -> pb.TierStats:
         capacity_pages=t.capacity_pages, used_pages=t.used_pages, blocks=t.blocks,
         pending_blocks=t.pending_blocks, evictions=sum(t.evictions.values()),
         hit_blocks=t.hit_blocks)
+
+
+def _past_deadline(context: Any) -> bool:
+    """Whether the caller's deadline has passed (by the clock, so it holds
+    even when the event loop has not yet seen the cancellation). The match
+    lane's context has none: it checks its caller's socket instead."""
+    left = getattr(context, "time_remaining", None)
+    t = left() if left is not None else None
+    return t is not None and t <= 0

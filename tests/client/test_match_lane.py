@@ -3,11 +3,14 @@ gRPC (None), and how an answer that never comes whole is the call's error."""
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 from typing import Any, Callable
 
 import grpc
 import pytest
+
+import kvkeeper.client.match_lane as ml
 
 from kvkeeper.client.errors import NotFoundError, from_rpc_error, is_session_lost
 from kvkeeper.client.match_lane import (LEN, LaneError, MatchLane, answer_frame, lane_for,
@@ -100,3 +103,55 @@ def test_only_a_plain_unix_target_has_a_lane() -> None:
     assert lane_for("127.0.0.1:7000", None, None) is None
     assert lane_for("unix:/run/kvk.sock", None, "a-token") is None
     assert lane_for("unix:/run/kvk.sock", object(), None) is None
+
+
+class Interrupted(BaseException):
+    """What a signal handler raising mid-call looks like (KeyboardInterrupt)."""
+
+
+@pytest.mark.parametrize("where", ["send", "recv"])
+def test_an_interrupted_call_drops_its_connection(path: str, where: str,
+                                                  monkeypatch: Any) -> None:
+    # The server answers each request on one connection, in order: a kept
+    # connection would hand call 1's answer to call 2.
+    def script(c: socket.socket) -> None:
+        try:
+            while True:
+                c.sendall(answer_frame(grpc.StatusCode.OK, read_request(c)))
+        except (OSError, struct.error):
+            pass
+
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(4)
+
+    def run() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=lambda: (script(conn), conn.close()), daemon=True).start()
+
+    threading.Thread(target=run, daemon=True).start()
+    lane = MatchLane(path)
+    try:
+        assert lane.call(b"warm", 1.0) == b"warm"
+
+        def interrupt(*a: Any) -> Any:
+            if where == "send":
+                a[0].send(a[1][:3])   # part of the frame goes out first
+            raise Interrupted()
+        if where == "send":
+            monkeypatch.setattr(socket.socket, "sendall", interrupt)
+        else:
+            monkeypatch.setattr(ml, "_recv", interrupt)
+        with pytest.raises(Interrupted):
+            lane.call(b"call 1", 1.0)
+        monkeypatch.undo()
+        # Its own answer, on a new connection: the old one would have given
+        # call 1's answer, or sent call 2's frame after call 1's first bytes.
+        assert lane.call(b"call 2", 1.0) == b"call 2"
+    finally:
+        lane.close()
+        srv.close()

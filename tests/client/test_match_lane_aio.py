@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 from typing import Any, Awaitable, Callable, List
 
 import grpc
 import pytest
 
 from kvkeeper.client.errors import is_session_lost
-from kvkeeper.client.match_lane import LEN, AsyncMatchLane, LaneError, answer_frame, lane_for
+from kvkeeper.client.match_lane import (LEN, MAX_IDLE, AsyncMatchLane, LaneError, answer_frame,
+                                        lane_for)
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -174,3 +176,65 @@ def test_the_async_lane_is_made_where_the_blocking_one_would_be() -> None:
     lane = lane_for("unix:/run/kvk.sock", None, None, AsyncMatchLane)
     assert isinstance(lane, AsyncMatchLane) and lane.path == "/run/kvk.sock.match"
     assert lane_for("unix:/run/kvk.sock", None, "a-token", AsyncMatchLane) is None
+
+
+async def test_a_full_listen_queue_gives_way_to_grpc_without_a_back_off(path: str) -> None:
+    # A listener that never accepts: once its queue is full, a unix connect
+    # fails with EAGAIN, which asyncio hands back as an unconnected socket.
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(0)
+    held = []
+    try:
+        for _ in range(4):   # fill the queue
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.setblocking(False)
+            try:
+                c.connect(path)
+            except BlockingIOError:
+                c.close()
+                break
+            held.append(c)
+        lane = AsyncMatchLane(path)
+        try:
+            # Not sent, so not the call's error: it goes over gRPC.
+            assert await lane.call(b"req", 1.0) is None
+            assert lane.calls == 0
+        finally:
+            lane.close()
+        # The queue drains (here: a new listener): the next call uses the lane.
+        for c in held:
+            c.close()
+        srv.close()
+        os.unlink(path)
+        conns = [0]
+        echo = await echo_server(path, conns)
+        try:
+            lane = AsyncMatchLane(path)
+            assert await lane.call(b"req", 1.0) == b"req"
+            lane.close()
+        finally:
+            echo.close()
+    finally:
+        for c in held:
+            c.close()
+        srv.close()
+
+
+async def test_a_burst_leaves_at_most_max_idle_connections(path: str) -> None:
+    conns = [0]
+    srv = await echo_server(path, conns)
+    lane = AsyncMatchLane(path)
+    try:
+        n = MAX_IDLE + 8
+        got = await asyncio.gather(*(lane.call(b"slow", 2.0) for _ in range(n)))
+        assert got == [b"slow"] * n and conns[0] == n
+        await asyncio.sleep(0.05)   # the server sees the surplus close
+        open_now = sum(1 for w in conns[1:] if not w.is_closing())
+        assert open_now == MAX_IDLE
+        for _ in range(3):   # and the kept ones are used
+            assert await lane.call(b"x", 1.0) == b"x"
+        assert conns[0] == n
+    finally:
+        lane.close()
+        srv.close()
