@@ -132,6 +132,7 @@ class Daemon:
             max_message_bytes=config.server.max_message_bytes, stack=self.stack)
         if self.auth is not None:
             self.servicer.authorize_namespace = self.auth.check_namespace
+            self.servicer.may_see_model = self.auth.covers
         add_guarded(kvkeeper_pb2_grpc.add_KVKeeperServicer_to_server, self.servicer, self.server,
                     codecs=BULK_CODECS)
         self.residency = ResidencyServicer(self.ledger, self.servicer)

@@ -6,7 +6,7 @@ from typing import Any, Optional, Sequence
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
 from ..ids import CLUSTER, DISK, GPU, HOST, TierName
-from ..ledger import LookupReport, NamespaceDescriptor, SlotStatus
+from ..ledger import LookupReport, NamespaceDescriptor, SlotStatus, TierStats
 
 TIER_TO_PB = {GPU: pb.TIER_GPU, HOST: pb.TIER_HOST, DISK: pb.TIER_DISK,
               CLUSTER: pb.TIER_CLUSTER}
@@ -126,3 +126,12 @@ def _extent_columns(c: Any, extents: Sequence[Extents]) -> None:
     flat = [e for ext in extents for e in ext]
     c.offset.extend([o for o, _ in flat])
     c.length.extend([n for _, n in flat])
+
+
+def tier_stats_to_pb(t: TierStats) -> pb.TierStats:
+    return pb.TierStats(
+        tier=tier_to_pb(t.name), capacity_bytes=t.capacity_bytes, used_bytes=t.used_bytes,
+        pinned_bytes=t.pinned_bytes, evictable_bytes=t.evictable_bytes,
+        capacity_pages=t.capacity_pages, used_pages=t.used_pages, blocks=t.blocks,
+        pending_blocks=t.pending_blocks, evictions=sum(t.evictions.values()),
+        hit_blocks=t.hit_blocks)

@@ -20,14 +20,14 @@ from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 from ..errors import (DeadlineExceeded, FailedPrecondition, InvalidArgument, OutOfRange,
                       ResourceExhausted, Unavailable)
 from ..ids import LeaseId, SessionId
-from ..ledger import Block, Lease, Ledger, TierStats
+from ..ledger import Block, Lease, Ledger
 from ..ledger.sessions import tag
 from ..tiers.stack import TierStack
 from ..quoting import clip
 from ..security import identity
 from .convert import (SLOT_TO_PB, block_runs, descriptor_from_pb, fill_block_columns,
                       fill_block_runs, fill_refs, fill_slot_runs, fill_slots, report_from_pb,
-                      tier_to_pb)
+                      tier_stats_to_pb, tier_to_pb)
 from .chunks import (CHUNK_OVERHEAD_BYTES, STREAM_CHUNK_BYTES, STREAM_PACK_BYTES,
                      chunk_groups)
 from .drain import Calls
@@ -70,6 +70,7 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         self.accepting_saves = True
         # Set when auth.tokens_file is: (context, model id) -> None or PermissionDenied.
         self.authorize_namespace: Callable[[Any, str], None] | None = None
+        self.may_see_model: Callable[[Any, str], bool] | None = None   # the same, quietly
         # The open WatchSession calls (watch.py).
         self.watches = Watches(ledger, clock)
         self.arena_pb = pb.ShmArena(path=arena.path, size_bytes=arena.size_bytes,
@@ -155,6 +156,8 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             # client then asks Load, which says what is too big.
             del resp.blocks[:]
             resp.ClearField("columns")
+        else:
+            self._refs_sent(lease)
         return resp
 
     def _too_big(self, resp: Any, blocks: int, pages_per_block: int) -> bool:
@@ -177,6 +180,7 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
                 f"the refs of lease {lease.id} take {resp.ByteSize()} bytes, above this daemon's "
                 f"server.max_message_bytes ({self.max_message_bytes}); release it and match "
                 "fewer keys per call, or use LoadStream")
+        self._refs_sent(lease)
         self.ledger.renew(lease.session, now)
         return resp
 
@@ -187,7 +191,6 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         out the refs is where a same-host load is counted, with no duration
         the daemon could see; for a report_use lease, when the Release
         reports which blocks were loaded."""
-        lease.refs_out = True
         blocks: list[Block] = lease.blocks
         keys = [b.key for b in blocks]
         sums = [b.checksum or (0, 0) for b in blocks]
@@ -197,9 +200,14 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             fill_block_runs(out, keys, sums, *runs)   # the usual answer: one run of pages each
         else:
             fill_block_columns(out, keys, sums, [self._extents(b) for b in blocks])
+
+    def _refs_sent(self, lease: Lease) -> None:
+        """The refs _block_refs filled go out: only now a same-host load (an
+        answer too big to send hands out nothing)."""
+        lease.refs_out = True
         if not lease.report_use:
-            self.metrics.observe_transfer("load", "shm", sum(b.ns.block_bytes for b in blocks),
-                                          None)
+            self.metrics.observe_transfer("load", "shm",
+                                          sum(b.ns.block_bytes for b in lease.blocks), None)
 
     @rpc_stream
     async def LoadStream(self, request: pb.LoadRequest, context: Any) -> AsyncIterator[bytes]:
@@ -221,7 +229,11 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             yield encode_stream_head(r.lease_id or 0, r.matched)
             if lease is None:
                 return
-        blocks = list(lease.blocks)
+        # narrow() gives the lease a new list of fewer blocks and unpins the
+        # rest, whose pages may then hold another namespace's blocks: the
+        # stream goes on only while the lease still holds this list.
+        held = lease.blocks
+        blocks = list(held)
         step = self.stream_chunk_bytes
         nbytes = 0
         pack = self.stream_pack_bytes if request.pack_blocks else 0
@@ -238,6 +250,10 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
                 if self.ledger.leases.get(lease.id) is not lease:
                     raise FailedPrecondition(
                         f"lease {lease.id} was released while it was being streamed")
+                if lease.blocks is not held:
+                    raise FailedPrecondition(
+                        f"lease {lease.id} was narrowed (Release with keep_blocks) while it was "
+                        "being streamed; narrow a lease after its LoadStream ends")
                 views = [self.arena.view(o, n) for b in group for o, n in self._extents(b)]
                 if sums:
                     frame = encode_block_chunk(i, 0, views, algo, 0, sums)
@@ -306,9 +322,17 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             if res is None:
                 res = self.ledger.reservation(SessionId(chunk.session_id), chunk.reservation_id,
                                               self.clock(), owner)
-            elif self.ledger.reservations.get(res.id) is not res:
-                raise FailedPrecondition(
-                    f"reservation {res.id} closed (aborted or timed out) while data was streaming")
+            else:
+                if self.ledger.reservations.get(res.id) is not res:
+                    raise FailedPrecondition(f"reservation {res.id} closed (aborted or timed "
+                                             "out) while data was streaming")
+                if (chunk.reservation_id and chunk.reservation_id != res.id) or \
+                        (chunk.session_id and chunk.session_id != res.session.id):
+                    # Its bytes would land in this reservation's blocks.
+                    raise InvalidArgument(
+                        f"a WriteChunk names reservation {chunk.reservation_id} of session "
+                        f"{clip(chunk.session_id)!r} in a stream of reservation {res.id}; one "
+                        "WriteBlocks per reservation (later chunks may leave both empty)")
             total += self._write_chunk(res, chunk)
         self.metrics.observe_transfer("save", "stream", total, time.perf_counter() - t0)
         if res is not None:
@@ -327,8 +351,8 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         if n % bb:
             raise OutOfRange(f"key {chunk.index}: {n} bytes is past the block size {bb} and "
                              "no whole number of blocks (a packed chunk's)")
-        for j in range(n // bb):   # each entry accounted as its bytes land, as above
-            b = self.ledger.record_write(res, chunk.index + j, 0, bb)
+        # Every entry checked before any is recorded: a chunk that fails changes nothing.
+        for j, b in enumerate(self.ledger.record_whole(res, chunk.index, n // bb)):
             self.arena.write(self._extents(b), data[j * bb:(j + 1) * bb], 0)
         return n
 
@@ -366,7 +390,7 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         tiers = self.stack.tier_stats()
         return pb.StatsResponse(
             version=self.version, uptime_seconds=time.monotonic() - self.started_at,
-            tiers=[_tier_stats_pb(t) for t in tiers],
+            tiers=[tier_stats_to_pb(t) for t in tiers],
             sessions=len(L.sessions), leases=len(L.leases), reservations=len(L.reservations),
             namespaces=len(L.namespaces), lookups=L.lookups, lookup_keys=L.lookup_keys,
             hit_blocks=sum(t.hit_blocks for t in tiers), eviction_policy=L.config.policy,
@@ -379,16 +403,15 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
                                     namespace_id=b.namespace, resident_blocks=len(b.blocks),
                                     resident_bytes=b.resident_bytes,
                                     capacity_blocks=b.capacity_blocks)
-                     for b in L.residency.books.values()])
+                     for b in L.residency.books.values() if self._may_see(context, b.namespace)])
 
-
-def _tier_stats_pb(t: TierStats) -> pb.TierStats:
-    return pb.TierStats(
-        tier=tier_to_pb(t.name), capacity_bytes=t.capacity_bytes, used_bytes=t.used_bytes,
-        pinned_bytes=t.pinned_bytes, evictable_bytes=t.evictable_bytes,
-        capacity_pages=t.capacity_pages, used_pages=t.used_pages, blocks=t.blocks,
-        pending_blocks=t.pending_blocks, evictions=sum(t.evictions.values()),
-        hit_blocks=t.hit_blocks)
+    def _may_see(self, context: Any, ns_id: bytes) -> bool:
+        """Whether the caller's token covers namespace `ns_id`'s model: Stats
+        shows a tenant only its own engines (their instance ids name hosts)."""
+        if self.may_see_model is None:
+            return True
+        ns = self.ledger.namespaces.get(ns_id)   # type: ignore[call-overload]
+        return ns is not None and self.may_see_model(context, ns.descriptor.model_id)
 
 
 def _past_deadline(context: Any) -> bool:

@@ -211,6 +211,24 @@ class Saves:
 
     def record_write(self, res: Reservation, index: int, offset: int, length: int) -> Block:
         """Account for `length` streamed bytes at `offset` of entry `index`; chunks come in order."""
+        b = self._writable(res, index, offset, length)
+        assert res.written is not None
+        res.written[index] = offset + length
+        return b
+
+    def record_whole(self, res: Reservation, index: int, count: int) -> list[Block]:
+        """Account for whole blocks index..index + count - 1 (a packed chunk):
+        every one is checked before any is recorded, so a chunk that fails
+        records nothing and the client may send its entries again."""
+        blocks = [self._writable(res, index + j, 0, res.session.ns.block_bytes)
+                  for j in range(count)]
+        assert res.written is not None
+        for j, b in enumerate(blocks):
+            res.written[index + j] = b.ns.block_bytes
+        return blocks
+
+    def _writable(self, res: Reservation, index: int, offset: int, length: int) -> Block:
+        """Entry `index`'s block, if `length` bytes at `offset` are its next ones."""
         if res.written is None:
             raise FailedPrecondition(
                 f"reservation {res.id} was made for shared memory; write the extents directly")
@@ -227,13 +245,16 @@ class Saves:
         if offset + length > b.ns.block_bytes:
             raise OutOfRange(
                 f"key {index}: {offset + length} bytes is past the block size {b.ns.block_bytes}")
-        res.written[index] = done + length
         return b
 
     def commit(self: "Ledger", sid: SessionId, rid: int, now: float, *, checksum_algo: int = 0,
                checksums: Sequence[int] = (), owner: Identity = LOCAL) -> int:
         """Make a reservation's blocks visible to Match. Returns how many."""
         res = self.reservation(sid, rid, now, owner)
+        # A client's (a lower tier's were checked when it read them); a wrong
+        # count is _commit's to refuse first.
+        if checksums and len(checksums) == len(res.entries):
+            check_checksums(checksum_algo, checksums)
         committed = self._commit(res, now, checksum_algo, checksums)
         self.renew(res.session, now)
         return committed
@@ -295,3 +316,28 @@ class Saves:
             books.drop(b, event, reason)
         del self.reservations[res.id]
         res.session.reservations.discard(res.id)
+
+
+# The API's ChecksumAlgo values a block may be committed with, and each one's
+# largest value. A block stored under any other algorithm could never be
+# verified: readers skip what they cannot compute, so it would be served
+# unchecked; a CRC32 above 32 bits would fail every reader's check.
+CHECKSUM_MAX = {1: 0xFFFFFFFF, 2: 0xFFFFFFFFFFFFFFFF}   # CRC32, XXH3_64
+
+
+def check_checksums(algo: int, checksums: Sequence[int]) -> None:
+    """InvalidArgument unless `checksums` can be verified under `algo`
+    (CHECKSUM_NONE with all zeros is no checksum: what a client without one sends)."""
+    if algo == 0:
+        if any(checksums):
+            raise InvalidArgument("checksums sent with CHECKSUM_NONE; name their algorithm "
+                                  "(CHECKSUM_CRC32 or CHECKSUM_XXH3_64) or send none")
+        return
+    top = CHECKSUM_MAX.get(algo)
+    if top is None:
+        raise InvalidArgument(f"checksum algorithm {algo} is unknown; use CHECKSUM_CRC32 (1) or "
+                              "CHECKSUM_XXH3_64 (2), or send no checksums")
+    for i, c in enumerate(checksums):
+        if not 0 <= c <= top:
+            raise InvalidArgument(f"key {i}: checksum {c} does not fit algorithm {algo} "
+                                  f"(at most {top:#x})")

@@ -187,6 +187,11 @@ class AuthPolicy:
         return self.identify(context.peer() or "", identity.tls_subject(context),
                              bearer_token(context.invocation_metadata()))
 
+    def covers(self, context: Any, model_id: str) -> bool:
+        """Whether the caller may use `model_id` (what check_namespace
+        enforces), without refusing or logging: for answers that list many."""
+        return self.identify_context(context).allows_model(model_id)
+
     def check_namespace(self, context: Any, model_id: str) -> None:
         """The RegisterSession hook: PermissionDenied unless the caller may use `model_id`."""
         caller = self.identify_context(context)

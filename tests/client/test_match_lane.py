@@ -131,7 +131,7 @@ def test_an_interrupted_call_drops_its_connection(path: str, where: str,
                 conn, _ = srv.accept()
             except OSError:
                 return
-            threading.Thread(target=lambda: (script(conn), conn.close()), daemon=True).start()
+            threading.Thread(target=lambda c=conn: (script(c), c.close()), daemon=True).start()
 
     threading.Thread(target=run, daemon=True).start()
     lane = MatchLane(path)

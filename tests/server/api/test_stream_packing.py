@@ -104,7 +104,7 @@ async def test_packed_chunks_of_tiny_blocks_keep_their_checksums_within_the_marg
         sums = [(1 << 64) - 1 - i for i in range(n)]   # ten-byte varints
         await stub.CommitSave(pb.CommitSaveRequest(session_id=sid,
                                                    reservation_id=res.reservation_id,
-                                                   checksum_algo=pb.CHECKSUM_CRC32, checksums=sums))
+                                                   checksum_algo=pb.CHECKSUM_XXH3_64, checksums=sums))
         chunks = await _chunks(stub, sid, ks, pack=True)
     assert [len(c.checksums) for c in chunks] == \
         [0, 2, 4, 8, 16, 32, 64, 128, MAX_PACK_BLOCKS, 9]   # the first alone: no checksums field
