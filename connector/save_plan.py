@@ -1,6 +1,7 @@
 """Save plans: a SaveSpec for every full block a step computes that is not
 known to be in the daemon yet (prefill chunks and blocks filled by decoding;
-loaded blocks are there already), except a conversation's last turn's."""
+loaded blocks are there already), except a conversation's last turn's, and
+none of a request while one of its loads is unconfirmed."""
 from __future__ import annotations
 
 import logging
@@ -23,6 +24,14 @@ def plan_saves(so: Any, reqs: Mapping[str, RequestState], ranks: int, bs: int,
     for req_id, scheduled in so.num_scheduled_tokens.items():
         st = reqs.get(req_id)
         if st is None or not st.cacheable or st.last_turn:   # nobody reads a last turn again
+            continue
+        if st.loads:
+            # A load of this request is in flight: what this step computes
+            # attends to the loaded blocks, and a load that fails (a corrupt
+            # block, a lost lease, a restarted daemon) makes it wrong KV,
+            # which a save would store for good (the recompute finds the key
+            # present and skips it). Saved from the step after a clean load
+            # (saved_blocks stays at the load's end), or from the recompute.
             continue
         req = st.request
         before = req.num_computed_tokens   # not yet advanced by this step

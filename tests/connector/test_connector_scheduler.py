@@ -263,14 +263,17 @@ def test_load_plan_then_release_when_the_worker_reports() -> None:
     meta = side.build_connector_meta(output(a=42), lambda rid: [40, 41, 42, 43, 44])
     (load,) = meta.loads
     assert load.block_ids == (40, 41, 42) and load.keys == (tuple(keys),)
-    # this step computes tokens 96..137: block 3 (96..127) becomes full and is saved
-    (save,) = meta.saves
-    assert save.block_ids == (43,) and save.keys[0][0] not in keys
+    # This step computes tokens 96..137: block 3 (96..127) becomes full, over
+    # the loaded blocks, so it is saved only once the load is confirmed.
+    assert meta.saves == []
     assert len(d.leases) == 1
     side.update_connector_output(done(load.load_id, 3))
     flush(side)
     assert d.leases == {} and d.released == [(1, False)]
     assert side.held_leases() == 0
+    r.num_computed_tokens = 138
+    (save,) = side.build_connector_meta(output(a=1), lambda rid: [40, 41, 42, 43, 44]).saves
+    assert save.block_ids == (43,) and save.keys[0][0] not in keys
     assert side.request_finished(r) is None  # report off
 
 
@@ -282,6 +285,8 @@ def test_corrupt_block_is_discarded_and_saved_again_after_recompute() -> None:
     side.update_state_after_alloc(r, Blocks([40, 41, 42, 43, 44]), 96)
     r.num_computed_tokens = 96
     meta = side.build_connector_meta(output(a=42), lambda rid: [40, 41, 42, 43, 44])
+    # Block 3, computed this step over the loaded blocks, waits for the load.
+    assert meta.saves == []
     r.num_computed_tokens = 138
     # block 1 failed its checksum: vLLM rewinds to token 32 and recomputes
     side.update_connector_output(done(meta.loads[0].load_id, good=1, bad=[1]))
@@ -292,7 +297,8 @@ def test_corrupt_block_is_discarded_and_saved_again_after_recompute() -> None:
     r.num_computed_tokens = 32
     meta2 = side.build_connector_meta(output(a=106), lambda rid: [40, 41, 42, 43, 44])
     # blocks 1.. are saved again: block 1 is stored anew, 2 is skipped by the
-    # daemon (present), 3 was never stored
+    # daemon (present), 3 was never stored (computed over the corrupt block 1,
+    # it was not saved in the load's step)
     (save,) = meta2.saves
     assert save.block_ids == (41, 42, 43) and save.keys[0][:2] == tuple(keys[1:])
 
@@ -355,9 +361,12 @@ def test_anything_but_a_true_last_turn_is_an_ordinary_request(params, caplog) ->
     side.update_state_after_alloc(r, Blocks([40, 41, 42, 43, 44]), 96)
     r.num_computed_tokens = 96
     meta = side.build_connector_meta(output(a=42), lambda rid: [40, 41, 42, 43, 44])
-    assert len(meta.saves) == 1
     side.update_connector_output(done(meta.loads[0].load_id, 3))
     flush(side)
+    r.num_computed_tokens = 138
+    # An ordinary request's: saved once its load is confirmed (a last turn's never).
+    assert len(side.build_connector_meta(output(a=1), lambda rid: [40, 41, 42, 43, 44])
+               .saves) == 1
     assert d.last_turns == []
     typo = isinstance(params, dict) and not isinstance(params.get("kvkeeper_last_turn", False), bool)
     assert ("kvkeeper_last_turn" in caplog.text) == typo
@@ -533,6 +542,10 @@ def test_vllm_may_take_less_than_the_hit() -> None:
     r.num_computed_tokens = 64
     meta = side.build_connector_meta(output(a=64), lambda rid: [10, 11, 12, 13])
     assert meta.loads[0].block_ids == (10, 11)
+    assert meta.saves == []   # computed over the load: saved once it is confirmed
+    side.update_connector_output(done(meta.loads[0].load_id, 2))
+    r.num_computed_tokens = 128
+    meta = side.build_connector_meta(output(a=1), lambda rid: [10, 11, 12, 13])
     assert [s.block_ids for s in meta.saves] == [(12, 13)]
 
 
