@@ -6,6 +6,7 @@ its help text and its limits; SCHEMA is that table, by section and key.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Optional
 
@@ -201,6 +202,7 @@ class Config:
             lease_ttl_s=lg.lease_ttl_seconds,
             reservation_timeout_s=lg.reservation_timeout_seconds,
             event_buffer_keys=lg.event_buffer_keys,
+            first_lease_id=lease_id_epoch(),
         )
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
@@ -217,3 +219,11 @@ SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(Config)  
 SCHEMA: dict[str, dict[str, Any]] = {s: {f.name: f for f in fields(cls)}
                                      for s, cls in SECTIONS.items()}
 
+
+def lease_id_epoch() -> int:
+    """The first lease id of a daemon starting now: milliseconds since 1970
+    times 2^20, above every id of an earlier run (unless it issued over 2^20
+    leases a millisecond) and below 2^63 until the year 2248. Clients
+    release leases by id alone: a stale release (sent before a restart,
+    retried after) must find no lease of the new run rather than free one."""
+    return int(time.time() * 1000) << 20

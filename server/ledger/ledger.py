@@ -55,6 +55,9 @@ class LedgerConfig:
     reservation_timeout_s: float = 60.0
     # The residency events' replay buffer, in keys (events.py).
     event_buffer_keys: int = DEFAULT_CAPACITY_KEYS
+    # The first lease id: the daemon starts each run past the last run's
+    # (config/schema.py), so a release sent before a restart frees no new lease.
+    first_lease_id: int = 1
 
 
 class Ledger(Saves, LowerBooks, RoutingCalls):
@@ -77,7 +80,7 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
         self.internal = Internal()
         self.leases: dict[LeaseId, Lease] = {}
         self.reservations: dict[ReservationId, Reservation] = {}
-        self._next_lease = 1
+        self._first_lease = self._next_lease = config.first_lease_id
         self._next_reservation = 1
         # Monotonic counters, read by the metrics collector.
         self.lookups = 0
@@ -373,7 +376,7 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
         self.renew(lease.session, now)
 
     def _raise_unknown_lease(self, lease_id: int) -> None:
-        if 0 < lease_id < self._next_lease:
+        if self._first_lease <= lease_id < self._next_lease:
             raise FailedPrecondition(
                 f"lease {lease_id} was already released, its session expired, or it is another "
                 "session's; release each lease exactly once, through its own session")
@@ -408,9 +411,7 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
     def reclaim_unpinned(self, namespace: Optional[NamespaceId] = None) -> int:
         """Drop every unreferenced committed block (of one namespace, or all)."""
         count = 0
-        for ns in self.namespaces.values():
-            if namespace is not None and ns.id != namespace:
-                continue
+        for ns in [n for n in self.namespaces.values() if namespace in (None, n.id)]:
             for b in [b for b in ns.blocks.values() if b.state is S.COMMITTED and b.refs == 0]:
                 books.reclaim(b, "admin")
                 count += 1

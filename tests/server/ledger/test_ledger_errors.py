@@ -340,3 +340,36 @@ def test_every_ledger_error_is_a_client_error():
         assert issubclass(exc, ClientError)
     assert not issubclass(NotFound, FailedPrecondition)
     assert not issubclass(FailedPrecondition, NotFound)
+
+
+def test_a_run_started_past_another_frees_none_of_its_leases_by_a_stale_id(
+        make_ledger, descriptor, key, store, snapshot):
+    """A restarted daemon starts its lease ids past the last run's
+    (LedgerConfig.first_lease_id): a release sent before the restart and
+    retried after it, by id alone, names no lease of the new run."""
+    old = make_ledger(6)
+    a = old.register_session("a", descriptor(), T)
+    store(old, a.id, [key(1)], T)
+    stale = old.match(a.id, [key(1)], lease=True, now=T).lease_id
+    new = make_ledger(6, first_lease_id=1 << 40)
+    s = new.register_session("a", descriptor(), T)
+    store(new, s.id, [key(1)], T)
+    lease = new.match(s.id, [key(1)], lease=True, now=T).lease_id
+    assert lease == 1 << 40 and stale < lease
+    before = snapshot(new)
+    msg = raises(NotFound, new.release, s.id, stale, T)
+    assert f"unknown lease {stale}" in msg
+    assert snapshot(new) == before
+    new.release(s.id, lease, T)
+    assert "already released" in raises(FailedPrecondition, new.release, s.id, lease, T)
+
+
+def test_each_daemon_run_starts_its_lease_ids_past_the_last_runs() -> None:
+    import time
+
+    from kvkeeper.server.config.schema import lease_id_epoch
+
+    first = lease_id_epoch()
+    time.sleep(0.002)
+    assert lease_id_epoch() >= first + (1 << 20)   # a run can issue 2^20 a millisecond
+    assert first < 1 << 63                          # a uint64, and an int64 too
