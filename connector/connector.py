@@ -24,8 +24,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from .config import ConfigError, ConnectorConfig
-from .guard import (FailureLog, answer_empty_meta, answer_miss, answer_no_errors, answer_none,
-                    answer_not_delayed, guarded)
+from .guard import (FailureLog, answer_all_loads_failed, answer_empty_meta, answer_miss,
+                    answer_none, answer_not_delayed, guarded)
 from .heap import freeze_heap
 from .layout import layout_from_config
 from .metadata import KVKeeperConnectorMetadata
@@ -221,7 +221,7 @@ class KVKeeperConnector(KVConnectorBase_V1):
         if preempted and self._worker is not None:
             self._worker.copy_out_for(set(preempted))
 
-    @guarded(answer_no_errors)
+    @guarded(answer_all_loads_failed)
     def get_block_ids_with_load_errors(self) -> set[int]:
         if self._worker is None:
             return set()
@@ -342,10 +342,16 @@ class KVKeeperConnector(KVConnectorBase_V1):
     @guarded(answer_not_delayed)
     def request_finished(self, request: "Request",
                          block_ids: List[int]) -> Tuple[bool, Optional[Dict[str, Any]]]:
-        report = self._sched.request_finished(request) if self._sched is not None else None
         # A request that planned saves may still have blocks queued for a
-        # worker's save thread: keep them until the workers answer (get_finished).
+        # worker's save thread: keep them until the workers answer
+        # (get_finished), whatever else fails here, or vLLM could hand them
+        # to another request while a save still copies them.
         rid = request.request_id
+        report = None
+        try:
+            report = self._sched.request_finished(request) if self._sched is not None else None
+        except Exception as e:  # noqa: BLE001 - the delay below must still be answered
+            self.hook_failures.failed("request_finished", e)
         if rid not in self._saving:
             return False, report
         self._saving.discard(rid)

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Tuple
 from .metadata import KVKeeperConnectorMetadata
 
 __all__ = ["FailureLog", "guarded", "answer_none", "answer_miss", "answer_not_delayed",
-           "answer_empty_meta", "answer_no_errors"]
+           "answer_empty_meta", "answer_all_loads_failed"]
 
 log = logging.getLogger("kvkeeper.connector")
 
@@ -72,5 +72,13 @@ def answer_empty_meta(self: Any, *a: Any, **k: Any) -> KVKeeperConnectorMetadata
     return KVKeeperConnectorMetadata()
 
 
-def answer_no_errors(self: Any, *a: Any, **k: Any) -> set:
-    return set()
+def answer_all_loads_failed(self: Any, *a: Any, **k: Any) -> set:
+    """get_block_ids_with_load_errors' fallback: every block this step's
+    loads target counts as failed, so vLLM recomputes them rather than use
+    blocks whose load nobody vouched for (answering none would be the unsafe
+    direction)."""
+    try:
+        meta = self._get_connector_metadata() if self.has_connector_metadata() else None
+    except Exception:  # noqa: BLE001 - no bound metadata: this step loaded nothing
+        return set()
+    return {b for spec in getattr(meta, "loads", None) or () for b in spec.block_ids}

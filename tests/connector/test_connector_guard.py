@@ -198,3 +198,49 @@ def test_a_request_that_saved_keeps_its_blocks_until_the_workers_answer() -> Non
     w.clear_connector_metadata()
     w.bind_connector_metadata(KVKeeperConnectorMetadata())
     assert w.get_finished(set()) == (None, None)
+
+
+@vllm_only
+def test_a_failing_finish_still_keeps_the_blocks_of_a_request_with_saves() -> None:
+    """request_finished of a request whose saves may still be copying answers
+    True (delay the free) even when the scheduler side's own bookkeeping
+    raises: freed blocks could be handed to another request mid-copy."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    from kvkeeper.connector import KVKeeperConnector
+    from kvkeeper.connector.metadata import KVKeeperConnectorMetadata, SaveSpec
+
+    vc, kvc = fake_vllm_config({"kvkeeper_url": "unix:///nowhere.sock"})
+    s = KVKeeperConnector(vc, KVConnectorRole.SCHEDULER, kvc)
+    s._build_meta = lambda so: KVKeeperConnectorMetadata(saves=[SaveSpec("r", ((b"k" * 32,),),
+                                                                         (3,))])
+    s.build_connector_meta(SimpleNamespace(preempted_req_ids=None))
+
+    def boom(*a, **k):
+        raise RuntimeError("bug")
+    s.scheduler_side.request_finished = boom
+    assert s.request_finished(request([]), []) == (True, None)
+    s._build_meta = lambda so: KVKeeperConnectorMetadata()
+    assert s.build_connector_meta(SimpleNamespace()).free_after_save == {"r"}
+    s.shutdown()
+
+
+@vllm_only
+def test_a_failing_error_report_fails_every_block_the_step_loaded() -> None:
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    from kvkeeper.connector import KVKeeperConnector
+    from kvkeeper.connector.metadata import KVKeeperConnectorMetadata, LoadSpec
+
+    vc, kvc = fake_vllm_config({"kvkeeper_url": "unix:///nowhere.sock"}, groups=2)
+    w = KVKeeperConnector(vc, KVConnectorRole.WORKER, kvc)
+
+    def boom(*a, **k):
+        raise RuntimeError("bug")
+    w.worker_side.take_load_errors = boom
+    w.bind_connector_metadata(KVKeeperConnectorMetadata(
+        loads=[LoadSpec("r", ((b"k" * 32,) * 2,), (3, 4), load_id=9),
+               LoadSpec("q", ((b"k" * 32,),), (7,), load_id=10)]))
+    assert w.get_block_ids_with_load_errors() == {3, 4, 7}
+    w.clear_connector_metadata()
+    assert w.get_block_ids_with_load_errors() == set()   # nothing bound: nothing loaded
