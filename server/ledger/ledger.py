@@ -28,7 +28,8 @@ from .events import DEFAULT_CAPACITY_KEYS, EventLog, TierEvents
 from .invariants import check_ledger
 from .lower import LowerBooks
 from .policy import DEFAULT_POLICY
-from .records import Block, Internal, Lease, Namespace, NamespaceDescriptor, Reservation, Session
+from .records import (SWEEP_MIN, Block, Internal, Lease, Namespace, NamespaceDescriptor,
+                      Reservation, Session, sweep_namespaces)
 from .residency import Residency
 from .results import ExpiryReport, MatchResult
 from .routing import RoutingCalls
@@ -82,11 +83,9 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
         self.reservations: dict[ReservationId, Reservation] = {}
         self._first_lease = self._next_lease = config.first_lease_id
         self._next_reservation = 1
-        # Monotonic counters, read by the metrics collector.
-        self.lookups = 0
-        self.lookup_keys = 0
+        self.lookups = self.lookup_keys = self.reservations_timed_out = 0   # for the metrics
         self.usage = Usage()
-        self.reservations_timed_out = 0
+        self._sweep_at = SWEEP_MIN   # namespaces: see records.sweep_namespaces
         # The gpu tier: what each engine's own KV cache holds (residency.py).
         self.residency = Residency(EventLog(config.event_buffer_keys))
         for t in self.tiers.values():
@@ -105,6 +104,7 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
                 raise InvalidArgument(
                     f"a block of {descriptor.block_bytes} B does not fit in the {self.top.name} tier "
                     f"({self.top.capacity_pages * self.top.page_bytes} B); raise its capacity")
+            self._sweep_at = sweep_namespaces(self.namespaces, self._sweep_at)
             ns = Namespace(descriptor, ppb)
             self.namespaces[ns.id] = ns
         session = Session(self._sessions.new_id(), instance_id, ns,

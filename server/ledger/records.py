@@ -180,3 +180,21 @@ class Reservation:
     @property
     def blocks(self) -> list[Block]:
         return [b for b in self.entries if b is not None]
+
+
+# Namespaces outlive their sessions while they hold blocks (the cache is
+# theirs), and a namespace nobody uses any more (no session, no block) is
+# forgotten when a new one is made and the table has doubled since the last
+# sweep: otherwise every registration with a new cache_salt (or LoRA, or
+# model) would keep its ~1 KB for the daemon's life, and any token holder
+# could grow the daemon without bound. Amortised O(1) a registration.
+SWEEP_MIN = 1024
+
+
+def sweep_namespaces(namespaces: dict[NamespaceId, Namespace], at: int) -> int:
+    """Drop the unused namespaces once there are `at` or more; the count to sweep at next."""
+    if len(namespaces) < at:
+        return at
+    for ns_id in [i for i, ns in namespaces.items() if not ns.sessions and not ns.blocks]:
+        del namespaces[ns_id]
+    return max(SWEEP_MIN, 2 * len(namespaces))

@@ -373,3 +373,25 @@ def test_each_daemon_run_starts_its_lease_ids_past_the_last_runs() -> None:
     time.sleep(0.002)
     assert lease_id_epoch() >= first + (1 << 20)   # a run can issue 2^20 a millisecond
     assert first < 1 << 63                          # a uint64, and an int64 too
+
+
+def test_namespaces_nobody_uses_are_forgotten(make_ledger, descriptor, key, store):
+    """Registering under ever new cache salts (any token may) does not grow
+    the daemon without bound: a namespace with no session and no block is
+    dropped once the table has doubled; one with blocks stays (its cache)."""
+    from kvkeeper.server.ledger.records import SWEEP_MIN
+
+    led = make_ledger(6)
+    kept = led.register_session("k", descriptor(cache_salt="kept"), T)
+    store(led, kept.id, [key(1)], T)
+    led.close_session(kept.id, T)
+    live = led.register_session("l", descriptor(cache_salt="live"), T)
+    for i in range(5 * SWEEP_MIN):
+        s = led.register_session("x", descriptor(cache_salt=f"salt-{i}"), T)
+        led.close_session(s.id, T)
+        assert len(led.namespaces) <= 2 * SWEEP_MIN + 2
+    assert kept.ns.id in led.namespaces and live.ns.id in led.namespaces
+    led.check_invariants()
+    # A dropped namespace comes back as new when named again.
+    again = led.register_session("x", descriptor(cache_salt="salt-0"), T)
+    assert again.ns.sessions == 1 and not again.ns.blocks
