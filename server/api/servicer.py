@@ -296,6 +296,9 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             raise Unavailable("draining: this daemon accepts no new saves (kvkeeper drain) "
                               "until it restarts; skip the save")
         now = self.clock()
+        if request.transport not in _TRANSPORTS:
+            raise InvalidArgument(f"transport {request.transport} is unknown; use TRANSPORT_SHM "
+                                  "(same host) or TRANSPORT_STREAM")
         stream = request.transport == pb.TRANSPORT_STREAM
         parent = request.parent_key if request.HasField("parent_key") else None
         r = self.ledger.reserve(SessionId(request.session_id), request.keys, now,
@@ -412,6 +415,9 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
             return True
         ns = self.ledger.namespaces.get(ns_id)   # type: ignore[call-overload]
         return ns is not None and self.may_see_model(context, ns.descriptor.model_id)
+
+
+_TRANSPORTS = (pb.TRANSPORT_UNSPECIFIED, pb.TRANSPORT_SHM, pb.TRANSPORT_STREAM)
 
 
 def _past_deadline(context: Any) -> bool:

@@ -120,6 +120,14 @@ async def test_a_packed_chunk_that_fails_records_none_of_its_blocks(daemon: Any,
         session_id=sid, reservation_id=r.reservation_id))).committed == 2
 
 
+async def test_an_unknown_transport_is_refused(daemon: Any, stub: Any) -> None:
+    sid = await register(stub)
+    before = snapshot(daemon)
+    await expect(INVALID, stub.ReserveSave(pb.ReserveSaveRequest(
+        session_id=sid, keys=[key(1)], transport=7)), "transport 7 is unknown")
+    assert snapshot(daemon) == before
+
+
 async def test_checksums_no_reader_can_verify_are_refused(daemon: Any, stub: Any) -> None:
     sid = await register(stub)
     r = await reserve(stub, sid, [key(1)])
