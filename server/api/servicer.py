@@ -295,14 +295,15 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         if not self.accepting_saves:
             raise Unavailable("draining: this daemon accepts no new saves (kvkeeper drain) "
                               "until it restarts; skip the save")
-        now = self.clock()
+        now, sid, owner = self.clock(), SessionId(request.session_id), identity.of(context)
         if request.transport not in _TRANSPORTS:
+            self.ledger.session(sid, now, owner)   # another's session: NOT_FOUND first, as ever
             raise InvalidArgument(f"transport {request.transport} is unknown; use TRANSPORT_SHM "
                                   "(same host) or TRANSPORT_STREAM")
         stream = request.transport == pb.TRANSPORT_STREAM
         parent = request.parent_key if request.HasField("parent_key") else None
-        r = self.ledger.reserve(SessionId(request.session_id), request.keys, now,
-                                track_writes=stream, parent=parent, owner=identity.of(context))
+        r = self.ledger.reserve(sid, request.keys, now, track_writes=stream, parent=parent,
+                                owner=owner)
         resp = pb.ReserveSaveResponse(reservation_id=r.reservation_id or 0,
                                       expires_in_seconds=r.expires_at - now, pack_writes=stream)
         statuses = [SLOT_TO_PB[s] for s in r.statuses]

@@ -86,13 +86,15 @@ class DiskIndex:
         e = self.entries.get((ns, key))
         return e if e is not None and e.state is DiskState.STORED else None
 
-    def reserve(self, ns: bytes, key: bytes, nbytes: int, hits: int = 0) -> Optional[Reservation]:
+    def reserve(self, ns: bytes, key: bytes, nbytes: int, hits: int = 0,
+                admit: bool = True) -> Optional[Reservation]:
         """Take `nbytes` for a new copy, evicting unpinned entries if needed.
 
         None when a copy exists or is being written already, or when making
         room would evict and the policy does not admit the block (admission:
         s3fifo lets a block that was never hit, `hits` in the arena, displace
-        others only when it comes again; counted in `refused`).
+        others only when it comes again; counted in `refused`; `admit`
+        False: no admission rule, as write-through asks).
         ResourceExhausted, with nothing changed, when even evicting every
         unpinned entry would not make room.
         """
@@ -100,7 +102,8 @@ class DiskIndex:
         if where in self.entries:
             return None
         free = self.capacity_bytes - self.used_bytes
-        if nbytes > free and self.evictable_bytes and not self._policy.admits(None, where, hits):
+        if admit and nbytes > free and self.evictable_bytes and \
+                not self._policy.admits(None, where, hits):
             self.refused += 1
             return None
         if nbytes > free + self.evictable_bytes:

@@ -394,14 +394,15 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
         del self.leases[lease.id]
         lease.session.leases.discard(lease.id)
 
-    # ------------------------------------------------------------ time
     def expire(self, now: float) -> ExpiryReport:
         """Drop sessions that missed their heartbeat and reservations never committed."""
         report = ExpiryReport()
         for session in [s for s in self.sessions.values() if s.expires_at < now]:
             self._drop_session(session, EXPIRED)
             report.sessions.append(session.id)
-        for res in [r for r in self.reservations.values() if r.expires_at < now]:
+        # Not a promotion's (internal): its copy may still write the pages; the stack ends it.
+        for res in [r for r in self.reservations.values()
+                    if r.expires_at < now and r.session is not self.internal]:
             self._abort(res, E.TIMEOUT)
             self.reservations_timed_out += 1
             report.reservations.append(res.id)
@@ -410,12 +411,11 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
     # ------------------------------------------------------------ admin
     def reclaim_unpinned(self, namespace: Optional[NamespaceId] = None) -> int:
         """Drop every unreferenced committed block (of one namespace, or all)."""
-        count = 0
-        for ns in [n for n in self.namespaces.values() if namespace in (None, n.id)]:
-            for b in [b for b in ns.blocks.values() if b.state is S.COMMITTED and b.refs == 0]:
-                books.reclaim(b, "admin")
-                count += 1
-        return count
+        blocks = [b for ns in self.namespaces.values() if namespace in (None, ns.id)
+                  for b in ns.blocks.values() if b.state is S.COMMITTED and b.refs == 0]
+        for b in blocks:
+            books.reclaim(b, "admin")
+        return len(blocks)
 
     def block(self, ns_id: NamespaceId, key: bytes) -> Optional[Block]:
         ns = self.namespaces.get(ns_id)

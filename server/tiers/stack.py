@@ -16,8 +16,8 @@ moves blocks and tells the ledger what moved. What it owns:
   reserved arena pages (held by the ledger's internal holder) and committed
   before the caller's lease is taken, so Load and LoadStream only ever read
   the arena. Concurrent promotions of one block share one copy.
-* Write-through (CommitSave answers once the blocks are below), write-back
-  (flushed in the background; each block stays pinned by an internal lease
+* Flushing down (flush.py): write-through (CommitSave answers once the
+  blocks are below), write-back (flushed in the background; each block stays pinned by an internal lease
   from its commit until its flush ends, so the arena evicts only blocks that
   are below already), admission after N hits (a block goes down once hit
   admit_after_hits times), and demotion: the arena's victims of capacity
@@ -37,13 +37,14 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 
 from ..errors import ClientError, ResourceExhausted
 from ..ids import LOCAL, Identity, NamespaceId, SessionId, TierName
-from ..ledger import (Block, BlockState, Copy, Holding, Lease, Ledger, MatchResult, Namespace,
+from ..ledger import (Block, BlockState, Copy, Holding, Ledger, MatchResult, Namespace,
                       TierStats)
 from ..ledger.disk_index import DiskEntry, DiskIndex
 from ..ledger.views import copies, holdings, tier_stats
 from ..ops.ratelog import RepeatLog
 from .arena import Arena
 from .backend import ArenaBackend, BlockStore, Checksum, CorruptBlock, TierError
+from .flush import Flusher
 
 log = logging.getLogger("kvkeeper.stack")
 
@@ -108,12 +109,11 @@ class TierStack:
         self.lower = list(lower)
         self._by_name = {t.name: t for t in self.lower}
         self.clock = clock
-        self._flushes: set[asyncio.Task[Any]] = set()
-        self._promotions: dict[tuple[bytes, bytes], asyncio.Future[bool]] = {}
+        self.flusher = Flusher(ledger, self.host, self._host_loc, clock)
+        self._promotions: dict[tuple[bytes, bytes], asyncio.Task[bool]] = {}
         self._promoting: dict[tuple[bytes, bytes], TierName] = {}   # from which tier
         # A tier failing keeps failing for a while: its lines repeat at a bounded rate.
         self._unreadable = RepeatLog(log, "tier_block_unreadable")
-        self._unflushed = RepeatLog(log, "tier_flush_failed")
 
     def tier(self, name: TierName) -> Optional[LowerTier]:
         return self._by_name.get(name)
@@ -269,21 +269,25 @@ class TierStack:
         """Copy a lower tier's block into the arena; True once committed there.
         `parent`: the key before it in its chain (None: unknown)."""
         where = (ns.id, key)
-        pending = self._promotions.get(where)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._promotions[where] = fut
-        self._promoting[where] = tier.name
+        task = self._promotions.get(where)
+        if task is None:
+            # Its own task, shared by every lookup of the block: a lookup whose
+            # caller gave up (grpc cancels its handler) leaves the copy going,
+            # so the others get the block and the copy cleans up after itself.
+            task = asyncio.get_running_loop().create_task(self._promotion(ns, key, tier, parent))
+            self._promotions[where] = task
+            self._promoting[where] = tier.name
+        return await asyncio.shield(task)
+
+    async def _promotion(self, ns: Namespace, key: bytes, tier: LowerTier,
+                         parent: Optional[bytes]) -> bool:
         try:
-            ok = await self._copy_up(ns, key, tier, parent)
+            return await self._copy_up(ns, key, tier, parent)
         except Exception:  # noqa: BLE001 - a failed promotion is a miss, never an error
             log.exception("promotion of a %s block failed", tier.name)
-            ok = False
+            return False
         finally:
-            del self._promotions[where], self._promoting[where]
-        fut.set_result(ok)
-        return ok
+            del self._promotions[(ns.id, key)], self._promoting[(ns.id, key)]
 
     async def _copy_up(self, ns: Namespace, key: bytes, tier: LowerTier,
                        parent: Optional[bytes]) -> bool:
@@ -312,6 +316,12 @@ class TierStack:
             book.drop(entry, "corrupt" if isinstance(e, CorruptBlock) else "lost")
             L.abort_internal(r.reservation_id, self.clock())
             return False
+        except Exception:
+            # A bug, not the medium: the read has ended (its error came back),
+            # so the pages can go; the copy stays in the book.
+            book.unpin(entry)
+            L.abort_internal(r.reservation_id, self.clock())
+            raise
         book.unpin(entry)
         book.touch(entry)
         # The lower tier kept its writer's checksum: readers check the block again.
@@ -321,79 +331,13 @@ class TierStack:
     def _host_loc(self, b: Block) -> Any:
         return self.host.locate(b.ns.id, b.key, b.ns.block_bytes, b.pages)
 
-    # ------------------------------------------------------------ flushing down
+    # ------------------------------------------------------------ flushing down (flush.py)
     def _admit(self, ns: Namespace, keys: Sequence[bytes]) -> None:
-        """Admission: a block reaching a tier's admit_after_hits is flushed now."""
-        for t in self.lower:
-            if t.admit_after_hits:
-                due = self.ledger.due_for_admission(t.name, ns, keys, t.admit_after_hits)
-                if due:
-                    self._spawn_flush(ns, due, t)
+        self.flusher.admit(self.lower, ns, keys)
 
     async def committed(self, ns: Namespace, keys: Sequence[bytes]) -> None:
         """Called after a client's commit. Write-through: returns once below."""
-        for t in self.lower:
-            if t.admit_after_hits or not keys:
-                continue
-            if t.write_back:
-                self._spawn_flush(ns, keys, t)
-                continue
-            lease = self.ledger.pin_internal(ns, keys)
-            if lease is not None:
-                await self._flush(lease, t, strict=True)
-
-    def _spawn_flush(self, ns: Namespace, keys: Sequence[bytes], tier: LowerTier) -> None:
-        # Pin now, synchronously, so eviction cannot take the blocks before the task runs.
-        lease = self.ledger.pin_internal(ns, keys)
-        if lease is None:
-            return
-        task = asyncio.get_running_loop().create_task(self._flush(lease, tier, strict=False))
-        self._flushes.add(task)
-        task.add_done_callback(self._flushes.discard)
-
-    async def _flush(self, lease: Lease, tier: LowerTier, *, strict: bool) -> None:
-        """Write the leased blocks down, all at once (a network tier pays one
-        round trip, not one per block), then drop the internal lease once every
-        write ended. strict: raise the first failure (write-through
-        acknowledges durability)."""
-        try:
-            done = await asyncio.gather(*(self._flush_block(b, tier, strict)
-                                          for b in list(lease.blocks)), return_exceptions=True)
-        finally:
-            self.ledger.release_internal(lease, self.clock())
-        failed = next((r for r in done if isinstance(r, BaseException)), None)
-        if failed is not None:
-            raise failed
-
-    async def _flush_block(self, b: Block, tier: LowerTier, strict: bool) -> None:
-        ns = b.ns
-        book = self.ledger.lower[tier.name]
-        try:
-            res = book.reserve(ns.id, b.key, ns.block_bytes, b.hits)
-        except ResourceExhausted:
-            tier.flush_failures += 1
-            if strict:
-                raise
-            log.warning("%s tier full: block not persisted (write-back)", tier.name)
-            return
-        if res is None:
-            return  # already below, being written, or not admitted (a full book)
-        for where in res.evicted:
-            await tier.forget(where)
-        try:
-            await tier.write_block(self.host, self._host_loc(b),
-                                   tier.loc(ns.id, b.key, ns.block_bytes), b.checksum)
-        except TierError as e:
-            book.failed(res.entry)
-            tier.flush_failures += 1
-            refusal = tier.refusal(e) if strict else None
-            if refusal is not None:
-                raise refusal from e
-            self._unflushed.log("%s flush failed: %s", tier.name, e)
-            return
-        book.written(res.entry)
-        if not tier.keeps_book:
-            book.forget(res.entry)
+        await self.flusher.committed(self.lower, ns, keys)
 
     # ------------------------------------------------------------ lifetime
     async def maintain(self) -> None:
@@ -402,9 +346,10 @@ class TierStack:
             await t.maintain()
 
     async def drain(self) -> None:
-        """Finish every write-back flush (graceful shutdown, admin Drain)."""
-        while self._flushes:
-            await asyncio.gather(*list(self._flushes), return_exceptions=True)
+        """Finish every flush and promotion (graceful shutdown, admin Drain)."""
+        while self.flusher.tasks or self._promotions:
+            await self.flusher.drain()
+            await asyncio.gather(*list(self._promotions.values()), return_exceptions=True)
 
     async def close(self) -> None:
         await self.drain()
