@@ -282,7 +282,11 @@ class KVKeeperConnector(KVConnectorBase_V1):
         # workers even when planning this step failed, or its blocks leak.
         for req in meta.saves:
             self._saving.add(req.req_id)
-        meta.free_after_save, self._delayed = self._delayed, set()
+        # A request whose saves wait for its loads' outcomes keeps its blocks
+        # until those went out (load_gates.py): vLLM steps on only meanwhile.
+        gates = self._sched.gates if self._sched is not None else None
+        meta.free_after_save = {r for r in self._delayed if gates is None or not gates.held(r)}
+        self._delayed -= meta.free_after_save
         meta.preempted = set(getattr(scheduler_output, "preempted_req_ids", None) or ())
         return meta
 

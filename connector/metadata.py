@@ -14,6 +14,12 @@ Scheduler -> workers (KVKeeperConnectorMetadata, one per step):
   preempted: requests vLLM preempted while scheduling this step; their
          blocks may be rewritten by this very forward, so the worker finishes
          copying them out first (handle_preemptions).
+  load_outcomes: load_id -> whether every rank loaded every block of it,
+         for the loads whose reports came since the last step. A save of
+         blocks computed in a loading step (SaveSpec.after_loads) attends to
+         the loaded blocks: the save thread stores it only once its loads
+         are known clean, and drops it otherwise (a failed load makes it
+         wrong KV, and the recompute's save would find its key present).
 Keys are per TP rank (keys[rank]): every rank has its own namespace; with
 several KV cache groups per (rank, group) slot, rank * groups + group.
 
@@ -71,6 +77,9 @@ class SaveSpec:
     # the chain's first block); empty: not known (ReserveSave's parent_key).
     parents: Tuple[bytes, ...] = ()
     group_block_ids: Tuple[Tuple[int, ...], ...] = ()   # [group][i], as in LoadSpec
+    # Loads in flight for this request when the step computed these blocks:
+    # stored only once all of them are reported clean (load_outcomes).
+    after_loads: Tuple[int, ...] = ()
 
     def num_blocks(self) -> int:
         return len(self.block_ids)
@@ -82,9 +91,11 @@ class KVKeeperConnectorMetadata(KVConnectorMetadata):
     saves: List[SaveSpec] = field(default_factory=list)
     free_after_save: Set[str] = field(default_factory=set)
     preempted: Set[str] = field(default_factory=set)
+    load_outcomes: Dict[int, bool] = field(default_factory=dict)
 
     def is_empty(self) -> bool:
-        return not (self.loads or self.saves or self.free_after_save or self.preempted)
+        return not (self.loads or self.saves or self.free_after_save or self.preempted
+                    or self.load_outcomes)
 
 
 @dataclass

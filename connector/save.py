@@ -14,8 +14,10 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
+from collections import OrderedDict
 from concurrent.futures import Future
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Mapping, Optional, Sequence
 
 import torch
 
@@ -32,6 +34,12 @@ __all__ = ["SaveJob", "SaveThread"]
 log = logging.getLogger("kvkeeper.connector")
 
 _STOP = object()
+# A save computed over a load waits at most this long for the load's outcome:
+# with one rank the worker knows it at once; with several it comes with the
+# scheduler's next step, which may wait for the next request. The outcomes
+# of this many loads are kept for the saves that may still ask.
+OUTCOME_WAIT_S = 120.0
+OUTCOMES_KEPT = 4096
 
 
 class SaveJob:
@@ -39,11 +47,13 @@ class SaveJob:
     the save thread or, when vLLM is about to reuse the blocks, by whoever
     needs it done first."""
 
-    __slots__ = ("req_id", "keys", "parent", "block_ids", "rows", "copied", "device", "_lock")
+    __slots__ = ("req_id", "keys", "parent", "block_ids", "rows", "copied", "device", "_lock",
+                 "after_loads")
 
     def __init__(self, req_id: str, keys: Sequence[bytes], block_ids: Sequence[int],
-                 parent: Optional[bytes] = None) -> None:
+                 parent: Optional[bytes] = None, after_loads: Sequence[int] = ()) -> None:
         self.req_id = req_id
+        self.after_loads = tuple(after_loads)   # stored once these are clean (load_gates.py)
         self.keys = list(keys)
         self.parent = parent   # the key before keys[0] in its chain; None: unknown
         self.block_ids = tuple(block_ids)
@@ -94,6 +104,10 @@ class SaveThread:
         self._idle.set()
         self._thread: Optional[threading.Thread] = None
         self._device = device_saves_for(codec)   # None unless the KV cache is on CUDA
+        # Load id -> clean, from the scheduler (load_gates.py), oldest first.
+        self._outcomes: "OrderedDict[int, bool]" = OrderedDict()
+        self._told = threading.Condition()
+        self._closing = False
 
     def admit(self, nbytes: int) -> bool:
         """Reserve room for nbytes of queued saves; False when full."""
@@ -113,6 +127,30 @@ class SaveThread:
             job.device = self._device.mark()
         self._q.put(job)
 
+    def outcomes(self, told: Mapping[int, bool]) -> None:
+        """Loads' outcomes (a step's metadata): the saves waiting for them go on."""
+        if not told:
+            return
+        with self._told:
+            self._outcomes.update(told)
+            while len(self._outcomes) > OUTCOMES_KEPT:
+                self._outcomes.popitem(last=False)
+            self._told.notify_all()
+
+    def _clean(self, job: SaveJob) -> bool:
+        """Whether every load the job's blocks were computed over is reported
+        clean; waits for the outcomes (they come with the next step)."""
+        deadline = time.monotonic() + OUTCOME_WAIT_S
+        with self._told:
+            while True:
+                known = [self._outcomes.get(i) for i in job.after_loads]
+                if None not in known:
+                    return all(known)
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closing:
+                    return False   # never told (the engine stops): not stored
+                self._told.wait(left)
+
     def _done(self, nbytes: int) -> None:
         with self._lock:
             self._pending -= nbytes
@@ -124,6 +162,9 @@ class SaveThread:
         return self._idle.wait(timeout)
 
     def close(self, timeout: float) -> None:
+        with self._told:   # saves still waiting for an outcome will not get one
+            self._closing = True
+            self._told.notify_all()
         self.flush(timeout)
         with self._lock:
             if self._thread is not None:
@@ -144,6 +185,10 @@ class SaveThread:
             try:
                 job.copy_out(self._codec, self._counters)
                 rows, job.rows = job.rows, None
+                if rows is not None and job.after_loads and not self._clean(job):
+                    # Computed over a load that failed: wrong KV, never stored.
+                    self._counters.inc("save_dropped_blocks", job.num_blocks)
+                    rows = None
                 if rows is not None:
                     self.send(job.keys, rows if job.device is None else rows.host(), job.parent)
             except Exception as e:  # noqa: BLE001 - keep the thread alive

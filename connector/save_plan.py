@@ -1,7 +1,7 @@
 """Save plans: a SaveSpec for every full block a step computes that is not
 known to be in the daemon yet (prefill chunks and blocks filled by decoding;
-loaded blocks are there already), except a conversation's last turn's, and
-none of a request while one of its loads is unconfirmed."""
+loaded blocks are there already), except a conversation's last turn's; one
+computed over a load still unconfirmed names it (after_loads)."""
 from __future__ import annotations
 
 import logging
@@ -24,14 +24,6 @@ def plan_saves(so: Any, reqs: Mapping[str, RequestState], ranks: int, bs: int,
     for req_id, scheduled in so.num_scheduled_tokens.items():
         st = reqs.get(req_id)
         if st is None or not st.cacheable or st.last_turn:   # nobody reads a last turn again
-            continue
-        if st.loads:
-            # A load of this request is in flight: what this step computes
-            # attends to the loaded blocks, and a load that fails (a corrupt
-            # block, a lost lease, a restarted daemon) makes it wrong KV,
-            # which a save would store for good (the recompute finds the key
-            # present and skips it). Saved from the step after a clean load
-            # (saved_blocks stays at the load's end), or from the recompute.
             continue
         req = st.request
         before = req.num_computed_tokens   # not yet advanced by this step
@@ -56,7 +48,10 @@ def plan_saves(so: Any, reqs: Mapping[str, RequestState], ranks: int, bs: int,
         # the request's chain (a later prefill chunk, decode blocks) under it.
         parents = tuple(st.keys(r, start - 1, start)[0] if start else b"" for r in range(ranks))
         groups = tuple(tuple(g[start:full]) for g in got) if grouped else ()
+        # A load of this request in flight: what this step computes attends to
+        # the loaded blocks, so its save waits for their outcome (metadata.py).
         meta.saves.append(SaveSpec(req_id=req_id, keys=keys, block_ids=tuple(ids[start:full]),
-                                   parents=parents, group_block_ids=groups))
+                                   parents=parents, group_block_ids=groups,
+                                   after_loads=tuple(sorted(st.loads))))
         st.saved_blocks = full
         st.saved_total += full - start

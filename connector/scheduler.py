@@ -53,6 +53,7 @@ from .hit_sources import lease_sources
 from .keys import KeyChain, hit_tokens, matchable_blocks, namespace_seed
 from .layout import KVLayout
 from .link import DaemonLink, LinkDown
+from .load_gates import LoadGates
 from .lookup import Lease, Lookup, match_with_refs, peer_lease, wait_all
 from .metadata import KVKeeperConnectorMetadata, KVKeeperWorkerMetadata, LoadSpec
 from .releaser import Releaser
@@ -97,6 +98,7 @@ class SchedulerSide:
         self._reqs: Dict[str, RequestState] = {}
         self._pending_loads: List[Tuple[str, LoadSpec, Lease]] = []
         self._inflight: Dict[int, Tuple[str, Lease]] = {}   # load id -> (req id, lease)
+        self.gates = LoadGates()   # their outcomes, for the saves that wait for them
         self._next_load_id = 1
         self.loads_disabled: Optional[str] = None   # set when a worker cannot load
         self._clock = clock
@@ -330,10 +332,12 @@ class SchedulerSide:
         for req_id, load, lease in self._pending_loads:
             meta.loads.append(load)
             self._inflight[load.load_id] = (req_id, lease)
+            self.gates.planned(load)
             st = self._reqs.get(req_id)
             if st is not None:
                 st.loads.add(load.load_id)
         self._pending_loads = []
+        meta.load_outcomes = self.gates.take()
         self._wait_left = self.cfg.lookup_wait_s   # the next step's
         if self.cfg.save:
             try:
@@ -352,9 +356,9 @@ class SchedulerSide:
             log.error("kvkeeper: a worker cannot load blocks (%s); lookups are off for this "
                       "engine, saves too", self.loads_disabled)
             self.cfg = replace(self.cfg, load=False, save=False)
+        self.gates.reported(wm.loads_done)
         for load_id, ranks in wm.loads_done.items():
-            entry = self._inflight.pop(load_id, None)
-            if entry is None:
+            if (entry := self._inflight.pop(load_id, None)) is None:
                 continue
             req_id, lease = entry
             st = self._reqs.get(req_id)
@@ -386,6 +390,7 @@ class SchedulerSide:
             return None
         self._forget_lookup(st)
         self._drop_lease(st)
+        self.gates.hold(request.request_id, st.loads)   # its saves may wait for them
         for load_id in st.loads:
             entry = self._inflight.pop(load_id, None)
             if entry is not None:

@@ -58,6 +58,9 @@ from .stats import Counters, KVKeeperStats
 __all__ = ["WorkerSide"]
 
 log = logging.getLogger("kvkeeper.connector")
+# The most an abandoned step waits for its running copy job to stop (it stops
+# at its next layer or load: milliseconds; only a stuck one takes longer).
+STOP_WAIT_S = 60.0
 
 
 class WorkerSide:
@@ -70,6 +73,7 @@ class WorkerSide:
         self.engine = engine   # vLLM's engine id: names its peer generations
         self.layout = layout
         self.rank = rank
+        self.tp_size = int((link.namespace if link else {}).get("tp_size", 1))
         self.link = link
         self.counters = counters or Counters()
         self.releaser = releaser if releaser is not None else (
@@ -103,8 +107,7 @@ class WorkerSide:
         if self.disabled is not None or self.layout is None or self.cfg is None:
             return
         # Before the codec reads the tensors' addresses: peers need the cache in shared memory.
-        shared = WorkerPeer.prepare(self.cfg, kv_caches, self.layout.layer_names,
-                                    int((self.link.namespace if self.link else {}).get("tp_size", 1)))
+        shared = WorkerPeer.prepare(self.cfg, kv_caches, self.layout.layer_names, self.tp_size)
         try:
             self.codec = BlockCodec(self.layout, kv_caches, num_blocks)
         except LayoutMismatch as e:
@@ -217,12 +220,32 @@ class WorkerSide:
                 step.abandoned = True
                 log.error("kvkeeper: loading blocks did not finish cleanly (%s); they are "
                           "recomputed", e or type(e).__name__)
+                self._stop(step)
             step.timings.check_wait = time.perf_counter() - t
         for f in step.fetched:
             good = 0 if step.abandoned else f.good
             self._results.finish(f.spec, good, f.bad)
             if self.peer is not None:
                 self.peer.note_load(f.spec, good)
+
+    def _stop(self, step: StepLoads) -> None:
+        """An abandoned step's copy job must not write into the KV cache once its
+        blocks are reported failed (vLLM recomputes them, and the scheduler's
+        lease, which kept their arena pages, goes): a job not started never
+        runs (its views and leases released here); a running one stops at its
+        next layer or load (copy_in.py) and is waited for."""
+        fut = step.future
+        if fut is None:
+            return
+        if fut.cancel():
+            self.load_strategy.loader.release(step)   # type: ignore[union-attr]
+            return
+        try:
+            fut.result(timeout=STOP_WAIT_S)
+        except BaseException as e:  # noqa: BLE001 - it ended, one way or another
+            if not fut.done():
+                log.error("kvkeeper: an abandoned load copy is still running after %.0f s (%s)",
+                          STOP_WAIT_S, e or type(e).__name__)
 
     def settle(self) -> None:
         """Finish this step's loads now (connector/groups.py reports them itself)."""
@@ -265,6 +288,8 @@ class WorkerSide:
     def wait_for_save(self, meta: Optional[KVKeeperConnectorMetadata]) -> None:
         """Queue this step's saves; the save thread copies them out of the KV
         cache. vLLM keeps their blocks until copy_out_for() says they are out."""
+        if meta is not None and self._saver is not None:
+            self._saver.outcomes({**self._own_outcomes(), **meta.load_outcomes})
         if meta is None or not meta.saves:
             return
         if self.peer is not None:
@@ -277,6 +302,17 @@ class WorkerSide:
         for spec in meta.saves:
             self._queue_save(spec)
 
+    def _own_outcomes(self) -> Dict[int, bool]:
+        """With one rank, its loads' outcomes are this worker's own (this step's
+        and earlier ones'): saves computed over them need not wait for the
+        scheduler's word, which comes only with a later step (vLLM may not
+        step again before another request arrives). With several ranks, one
+        rank's failed load corrupts what every rank computes: the scheduler's
+        word, which sees them all, rules."""
+        self._settle()   # this step's loads have ended (as before vLLM reads the errors)
+        own = self._results.take_clean()
+        return own if self.tp_size == 1 else {}
+
     def _queue_save(self, spec: SaveSpec) -> None:
         assert self.codec is not None and self._saver is not None and self.layout is not None
         keys = spec.keys[self.rank] if self.rank < len(spec.keys) else ()
@@ -287,7 +323,7 @@ class WorkerSide:
             self.counters.inc("save_dropped_blocks", n)
             return
         parent = spec.parents[self.rank] if self.rank < len(spec.parents) else None
-        job = SaveJob(spec.req_id, keys, spec.block_ids, parent)
+        job = SaveJob(spec.req_id, keys, spec.block_ids, parent, spec.after_loads)
         self._save_jobs.setdefault(spec.req_id, []).append(job)
         self._saver.submit(job)
 

@@ -142,6 +142,8 @@ class BlockLoader:
         hashers = [self._hashers(f) for f in step.fetched]
         try:
             for i, name in enumerate(codec.layer_names):
+                if step.abandoned:   # reported failed meanwhile: write no more (worker._stop)
+                    break
                 lo, hi = i * lb, (i + 1) * lb
                 for f, hs in zip(step.fetched, hashers):
                     if f.sources and f.copy_n:
@@ -193,6 +195,8 @@ class BlockLoader:
     def _blockwise(self, step: StepLoads) -> None:
         t0 = time.perf_counter()
         for f in step.fetched:
+            if step.abandoned:   # reported failed meanwhile: write no more (worker._stop)
+                break
             try:
                 bad = self.copy_check_in(f, 0, f.copy_n) if f.sources and f.copy_n else []
                 self.set_bad(f, bad + self.bad_in(f, f.copy_n, f.n))

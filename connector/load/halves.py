@@ -40,7 +40,9 @@ class HalvesLoad(InlineLoad):
         def work(parts: List[_Part]) -> List[List[int]]:
             out = []
             for f, lo, hi in parts:
-                if lo < hi and f.sources:
+                if step.abandoned:   # the other half failed: write no more
+                    out.append(loader.bad_in(f, lo, hi))
+                elif lo < hi and f.sources:
                     out.append(loader.copy_check_in(f, lo, hi))
                 else:
                     out.append(loader.bad_in(f, lo, hi))
@@ -56,10 +58,11 @@ class HalvesLoad(InlineLoad):
             log.warning("kvkeeper: copying loaded blocks into the KV cache failed: %s", e,
                         exc_info=True)
             step.abandoned = True
-            try:   # never leave the helper writing into the KV cache
-                fut.result(timeout=io.wait_s)
-            except BaseException:  # noqa: BLE001
-                pass
+            if not fut.cancel():   # never leave the helper writing into the KV cache
+                try:                # (it stops at its next load: step.abandoned)
+                    fut.result(timeout=10 * io.wait_s)
+                except BaseException:  # noqa: BLE001
+                    pass
         if bad is not None:
             for f, b in zip(step.fetched, bad):
                 loader.set_bad(f, b + loader.bad_in(f, f.copy_n, f.n))

@@ -62,6 +62,7 @@ class LoadResults:
         self._counters = counters
         self._invalid: Set[int] = set()
         self._done: Dict[int, Dict[int, Tuple[int, Tuple[int, ...]]]] = {}
+        self._clean: Dict[int, bool] = {}   # load id -> all loaded, none corrupt (take_clean)
 
     def finish(self, spec: LoadSpec, good: int, bad: Sequence[int] = ()) -> None:
         """Load `spec` is over: its `good` leading blocks are in the KV cache,
@@ -76,6 +77,13 @@ class LoadResults:
             c.inc("loaded_blocks", good)
             c.inc("loaded_bytes", good * self._block_bytes)
         self._done.setdefault(spec.load_id, {})[self._rank] = (good, tuple(bad))
+        self._clean[spec.load_id] = good >= n and not bad
+
+    def take_clean(self) -> Dict[int, bool]:
+        """Load id -> whether this rank loaded all of it and found nothing
+        corrupt, for the loads finished since the last call."""
+        out, self._clean = self._clean, {}
+        return out
 
     def take_invalid(self) -> Set[int]:
         """vLLM block ids to recompute, since the last call."""

@@ -263,17 +263,19 @@ def test_load_plan_then_release_when_the_worker_reports() -> None:
     meta = side.build_connector_meta(output(a=42), lambda rid: [40, 41, 42, 43, 44])
     (load,) = meta.loads
     assert load.block_ids == (40, 41, 42) and load.keys == (tuple(keys),)
-    # This step computes tokens 96..137: block 3 (96..127) becomes full, over
-    # the loaded blocks, so it is saved only once the load is confirmed.
-    assert meta.saves == []
+    # this step computes tokens 96..137: block 3 (96..127) becomes full and is
+    # saved, once the load it was computed over is known clean
+    (save,) = meta.saves
+    assert save.block_ids == (43,) and save.keys[0][0] not in keys
+    assert save.after_loads == (load.load_id,) and meta.load_outcomes == {}
     assert len(d.leases) == 1
     side.update_connector_output(done(load.load_id, 3))
+    r.num_computed_tokens = 138
+    assert side.build_connector_meta(output(a=1), lambda rid: [40, 41, 42, 43, 44]) \
+        .load_outcomes == {load.load_id: True}
     flush(side)
     assert d.leases == {} and d.released == [(1, False)]
     assert side.held_leases() == 0
-    r.num_computed_tokens = 138
-    (save,) = side.build_connector_meta(output(a=1), lambda rid: [40, 41, 42, 43, 44]).saves
-    assert save.block_ids == (43,) and save.keys[0][0] not in keys
     assert side.request_finished(r) is None  # report off
 
 
@@ -285,9 +287,9 @@ def test_corrupt_block_is_discarded_and_saved_again_after_recompute() -> None:
     side.update_state_after_alloc(r, Blocks([40, 41, 42, 43, 44]), 96)
     r.num_computed_tokens = 96
     meta = side.build_connector_meta(output(a=42), lambda rid: [40, 41, 42, 43, 44])
-    # Block 3, computed this step over the loaded blocks, waits for the load.
-    assert meta.saves == []
     r.num_computed_tokens = 138
+    # block 3, computed over the loaded blocks, waits for their outcome
+    assert [s.after_loads for s in meta.saves] == [(meta.loads[0].load_id,)]
     # block 1 failed its checksum: vLLM rewinds to token 32 and recomputes
     side.update_connector_output(done(meta.loads[0].load_id, good=1, bad=[1]))
     flush(side)
@@ -296,9 +298,10 @@ def test_corrupt_block_is_discarded_and_saved_again_after_recompute() -> None:
         "only the corrupt block is dropped"
     r.num_computed_tokens = 32
     meta2 = side.build_connector_meta(output(a=106), lambda rid: [40, 41, 42, 43, 44])
-    # blocks 1.. are saved again: block 1 is stored anew, 2 is skipped by the
-    # daemon (present), 3 was never stored (computed over the corrupt block 1,
-    # it was not saved in the load's step)
+    # the workers drop the save of block 3 (computed over the corrupt block)...
+    assert meta2.load_outcomes == {meta.loads[0].load_id: False}
+    # ...and blocks 1.. are saved again: block 1 is stored anew, 2 is skipped
+    # by the daemon (present), 3 is stored as recomputed
     (save,) = meta2.saves
     assert save.block_ids == (41, 42, 43) and save.keys[0][:2] == tuple(keys[1:])
 
@@ -361,12 +364,9 @@ def test_anything_but_a_true_last_turn_is_an_ordinary_request(params, caplog) ->
     side.update_state_after_alloc(r, Blocks([40, 41, 42, 43, 44]), 96)
     r.num_computed_tokens = 96
     meta = side.build_connector_meta(output(a=42), lambda rid: [40, 41, 42, 43, 44])
+    assert len(meta.saves) == 1
     side.update_connector_output(done(meta.loads[0].load_id, 3))
     flush(side)
-    r.num_computed_tokens = 138
-    # An ordinary request's: saved once its load is confirmed (a last turn's never).
-    assert len(side.build_connector_meta(output(a=1), lambda rid: [40, 41, 42, 43, 44])
-               .saves) == 1
     assert d.last_turns == []
     typo = isinstance(params, dict) and not isinstance(params.get("kvkeeper_last_turn", False), bool)
     assert ("kvkeeper_last_turn" in caplog.text) == typo
@@ -542,10 +542,6 @@ def test_vllm_may_take_less_than_the_hit() -> None:
     r.num_computed_tokens = 64
     meta = side.build_connector_meta(output(a=64), lambda rid: [10, 11, 12, 13])
     assert meta.loads[0].block_ids == (10, 11)
-    assert meta.saves == []   # computed over the load: saved once it is confirmed
-    side.update_connector_output(done(meta.loads[0].load_id, 2))
-    r.num_computed_tokens = 128
-    meta = side.build_connector_meta(output(a=1), lambda rid: [10, 11, 12, 13])
     assert [s.block_ids for s in meta.saves] == [(12, 13)]
 
 
@@ -812,3 +808,41 @@ def test_each_save_names_the_key_before_its_first_block_on_every_rank() -> None:
     assert s1.parents == (b"", b"")
     assert s2.parents == tuple(c[1] for c in chains) and s2.keys == tuple((c[2],) for c in chains)
     assert s3.parents == tuple(c[2] for c in chains) and s3.keys == tuple((c[3],) for c in chains)
+
+
+def test_a_request_ending_in_its_loading_step_keeps_its_blocks_until_the_outcome_went_out() -> None:
+    """Its save waits for the load's outcome, which goes out with a later
+    step's metadata; vLLM steps on only while a finished request awaits its
+    free, so the free is held until then (load_gates.py)."""
+    side, (d,), _ = make()
+    store(d, 0, TOKENS, 3)
+    r = Req("a", TOKENS + [5] * 10)
+    side.get_num_new_matched_tokens(r, 0)
+    side.update_state_after_alloc(r, Blocks([40, 41, 42, 43, 44]), 96)
+    r.num_computed_tokens = 96
+    meta = side.build_connector_meta(output(a=42), lambda rid: [40, 41, 42, 43, 44])
+    load_id = meta.loads[0].load_id
+    side.request_finished(r)            # one output token: it ends in this step
+    assert side.gates.held("a")
+    # Asynchronous scheduling: the next step is planned before the report.
+    assert side.build_connector_meta(output(), lambda rid: None).load_outcomes == {}
+    assert side.gates.held("a")
+    side.update_connector_output(done(load_id, 3))
+    assert side.gates.held("a"), "reported, but not yet sent to the workers"
+    assert side.build_connector_meta(output(), lambda rid: None).load_outcomes == {load_id: True}
+    assert not side.gates.held("a")
+    flush(side)
+
+
+def test_a_held_free_is_let_go_after_a_while_without_a_report() -> None:
+    from kvkeeper.connector.load_gates import HOLD_S, LoadGates
+    from kvkeeper.connector.metadata import LoadSpec
+
+    now = [0.0]
+    gates = LoadGates(clock=lambda: now[0])
+    gates.planned(LoadSpec("a", ((b"k" * 32,),), (1,), load_id=7))
+    gates.hold("a", {7})
+    gates.hold("b", {8})                # never planned: nothing to wait for
+    assert gates.held("a") and not gates.held("b")
+    now[0] = HOLD_S + 1                 # no worker ever reported load 7
+    assert not gates.held("a")

@@ -413,3 +413,95 @@ def test_a_save_sends_the_key_before_its_first_block(
         assert daemon.stats().tiers[0].blocks == 4
     finally:
         w.shutdown()
+
+
+@pytest.mark.parametrize("clean", [True, False])
+def test_a_save_computed_over_a_load_waits_for_its_outcome(daemon: DaemonProcess,
+                                                           clean: bool) -> None:
+    """Blocks computed in a loading step are saved only once the scheduler says
+    that load was clean (the next step's load_outcomes); after a failed one
+    they are dropped: computed over bad KV, they would be stored for good."""
+    kv = tensors(7)
+    w = worker(daemon.url, kv)
+    try:
+        ks = keys(2, salt=7)
+        w.wait_for_save(KVKeeperConnectorMetadata(saves=[SaveSpec(
+            "r", (tuple(ks),), (3, 4), after_loads=(41,))]))
+        time.sleep(0.3)   # the save thread holds them, waiting for load 41
+        pkv = tensors(8)
+        probe = worker(daemon.url, pkv)
+        errors, _ = load(probe, ks, (5, 6), load_id=9)
+        assert errors == {5, 6}, "not stored before the outcome"
+        # The next step's metadata says how load 41 went.
+        w.wait_for_save(KVKeeperConnectorMetadata(load_outcomes={41: clean}))
+        assert w.flush(10.0)
+        errors, _ = load(probe, ks, (5, 6), load_id=10)
+        assert errors == (set() if clean else {5, 6})
+        if clean:
+            for name in ("l0", "l1"):
+                assert torch.equal(pkv[name][5:7], kv[name][3:5])
+        probe.shutdown()
+    finally:
+        w.shutdown()
+
+
+def test_an_abandoned_load_writes_nothing_after_its_blocks_are_reported(
+        daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy job beside the forward that does not finish in time (the I/O
+    thread busy with something else): its blocks are reported failed and
+    vLLM recomputes them, so the job must never write into them afterwards
+    (the scheduler's lease, which kept its arena pages, is released)."""
+    import kvkeeper.connector.worker as worker_mod
+    monkeypatch.setattr(worker_mod, "spare_cpus", lambda: frozenset({0, 1}))   # beside
+    src, dst = tensors(1), tensors(2)
+    a = worker(daemon.url, src)
+    b = worker(daemon.url, dst, io_timeout_s=0.3, max_retries=0)
+    try:
+        assert b.load_strategy.name == "beside"
+        ks = keys(3, salt=11)
+        save(a, ks, [2, 3, 4])
+        sched = a.link.client()
+        res = sched.match(list(ks), lease=True, blocks=True)
+        # The I/O thread is busy past both layers' waits and the settle's.
+        busy = 4 * b._io.wait_s + 1.0
+        b._io.submit(time.sleep, busy)
+        b.start_load_kv(KVKeeperConnectorMetadata(loads=[LoadSpec(
+            "r", (tuple(ks),), (6, 7, 8), load_id=1, refs=(tuple(res.blocks),),
+            arena_ids=(sched.arena_id,))]))
+        for name in ("l0", "l1"):
+            b.wait_for_layer_load(name)
+        assert b.take_load_errors() == {6, 7, 8}
+        assert b.build_worker_meta().loads_done == {1: {0: (0, ())}}
+        sched.release(res.lease_id)
+        for n in ("l0", "l1"):
+            dst[n][6:9] = src[n][2:5] * 2   # vLLM's recompute
+        recomputed = {n: dst[n][6:9].clone() for n in ("l0", "l1")}
+        time.sleep(busy)   # the I/O thread is free again
+        assert all(torch.equal(dst[n][6:9], recomputed[n]) for n in ("l0", "l1"))
+    finally:
+        a.shutdown()
+        b.shutdown()
+
+
+def test_with_one_rank_a_save_over_a_clean_load_goes_at_once(daemon: DaemonProcess) -> None:
+    """One rank knows its step's load outcome itself: a save computed over a
+    clean load of that step is stored without waiting for the scheduler's
+    word (vLLM may not step again before another request arrives)."""
+    src, dst = tensors(3), tensors(4)
+    a, b = worker(daemon.url, src), worker(daemon.url, dst)
+    try:
+        ks = keys(3, salt=3)
+        save(a, ks[:2], [0, 1])
+        meta = KVKeeperConnectorMetadata(
+            loads=[LoadSpec("r", (tuple(ks[:2]),), (5, 6), load_id=7)],
+            saves=[SaveSpec("r", (tuple(ks[2:]),), (7,), after_loads=(7,))])
+        b.start_load_kv(meta)
+        for name in ("l0", "l1"):
+            b.wait_for_layer_load(name)
+        b.wait_for_save(meta)       # no later step tells it anything
+        assert b.flush(10.0)
+        errors, _ = load(a, ks, (8, 9, 10), load_id=8)
+        assert errors == set()
+    finally:
+        a.shutdown()
+        b.shutdown()
