@@ -16,6 +16,8 @@ and larger ones in shards on several threads at once.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import os
 from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar
 
@@ -157,8 +159,7 @@ async def batched(fn: Callable[..., T], count: int, nbytes: int, threads: int,
     parts = shards(count, nbytes, threads)
     if len(parts) == 1:
         return [(0, await off_loop(nbytes, fn, *args(0, count)))]
-    got = await asyncio.gather(*(asyncio.to_thread(fn, *args(a, b)) for a, b in parts),
-                               return_exceptions=True)
+    got = await in_threads([(fn, args(a, b)) for a, b in parts])
     for g in got:
         if isinstance(g, BaseException):
             raise g
@@ -177,5 +178,30 @@ async def off_loop(nbytes: int, fn: Callable[..., T], *args: Any) -> T:
     Several threads pay where each copies and hashes blocks of its own
     (`shards`)."""
     if nbytes >= OFFLOAD_BYTES:
-        return await asyncio.to_thread(fn, *args)
+        (got,) = await in_threads([(fn, args)])
+        if isinstance(got, BaseException):
+            raise got
+        return got  # type: ignore[no-any-return]
     return fn(*args)
+
+
+async def in_threads(calls: Sequence[Tuple[Callable[..., Any], Tuple[Any, ...]]]) -> List[Any]:
+    """Each fn(*args) in a worker thread: their answers, an exception as its
+    value. A caller cancelled meanwhile (a deadline, a closed client) is
+    cancelled only once every thread has ended: a thread cannot be stopped,
+    and one left running would go on writing into buffers the caller reuses
+    (a load's) or into arena pages an AbortSave hands to another writer (a
+    save's)."""
+    loop = asyncio.get_running_loop()
+    futs = [loop.run_in_executor(None, functools.partial(
+        contextvars.copy_context().run, fn, *args)) for fn, args in calls]
+    together = asyncio.gather(*futs, return_exceptions=True)
+    try:
+        return await asyncio.shield(together)
+    except asyncio.CancelledError:
+        while not together.done():
+            try:
+                await asyncio.shield(together)
+            except asyncio.CancelledError:
+                continue   # cancelled again: still wait for the threads
+        raise

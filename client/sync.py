@@ -31,15 +31,15 @@ from .aio import CHANNEL_OPTIONS, AsyncClient
 from .auth import TLSLike, bearer_metadata, sync_channel
 from .checksum import DEFAULT as DEFAULT_CHECKSUM
 from .checks import check_keys
-from .errors import DeadlineExceededError, from_rpc_error, is_session_lost, protocol_error
+from .errors import from_rpc_error, is_session_lost, protocol_error
 from .leases import MatchResult
 from .match_lane import lane_for
-from .retry import MAX_DELAY
 from .saves import SaveResult
 from .session import MATCH_METHOD, NamespaceLike
 from .stream import (KEYED_UNKNOWN, Coverage, KeyedStream, check_head, keyed_request,
                      load_request, load_stream_method)
 from .url import to_grpc_target
+from .waits import budget_for, submit, wait_result
 from .wire import Chunk, encode_match_request, parse_match_response
 
 __all__ = ["Client"]
@@ -105,14 +105,14 @@ class Client:
         thread = threading.Thread(target=_run_loop, args=(loop,), name="kvkeeper-client",
                                   daemon=True)
         thread.start()
-        fut = asyncio.run_coroutine_threadsafe(
+        sub = submit(
             AsyncClient.connect(url, namespace, instance_id=instance_id, timeout=timeout,
                                 transport=transport, checksum=checksum,
                                 max_retries=max_retries, token=token, tls=tls,
                                 copy_threads=copy_threads, match_lane=match_lane), loop)
         try:
-            budget = call_timeout or _budget(timeout, max_retries, 2)
-            aclient = _wait(fut, budget, "connect")
+            budget = call_timeout or budget_for(timeout, max_retries, 2)
+            aclient = wait_result(sub, budget, "connect")
         except BaseException:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(5.0)
@@ -158,9 +158,9 @@ class Client:
             coro.close()
             raise RuntimeError("kvkeeper.client.Client called from its own event loop thread; "
                                "use AsyncClient there")
-        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        budget = self._call_timeout or _budget(self._timeout, self._max_retries, rpcs)
-        return _wait(fut, budget, getattr(coro, "__name__", "call"))
+        budget = self._call_timeout or budget_for(self._timeout, self._max_retries, rpcs)
+        return wait_result(submit(coro, self._loop), budget,  # type: ignore[no-any-return]
+                           getattr(coro, "__name__", "call"))
 
     def _rounds(self, n: int) -> int:
         limit = self._aclient.max_keys_per_call
@@ -403,23 +403,3 @@ class Client:
         """See AsyncClient.report_residency: (answer, session id it went to)."""
         return self._submit(self._aclient.report_residency(
             changes, capacity_blocks=capacity_blocks, report_seq=report_seq))
-
-
-def _budget(timeout: float, max_retries: int, rpcs: int) -> float:
-    """Worst case of `rpcs` calls each using its deadline on every try, plus backoff."""
-    per_rpc = timeout * (max_retries + 1) + MAX_DELAY * max_retries
-    return rpcs * per_rpc + 5.0
-
-
-def _wait(fut: "asyncio.Future[T] | Any", budget: float, what: str) -> T:
-    try:
-        return fut.result(timeout=budget)
-    except TimeoutError:
-        if fut.done():  # the coroutine itself raised TimeoutError
-            raise
-        fut.cancel()
-        raise DeadlineExceededError(f"{what} did not finish within {budget:.1f} s",
-                                    grpc.StatusCode.DEADLINE_EXCEEDED) from None
-    except BaseException:
-        fut.cancel()  # e.g. KeyboardInterrupt in the caller: stop the work too
-        raise

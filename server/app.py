@@ -274,7 +274,7 @@ class Daemon:
             # Re-read even when the path is unchanged: editing the file in place is the usual way.
             try:
                 table = load_tokens(config.auth.tokens_file)
-                check_exposure(config, table)
+                check_exposure(config, table, running=self.tokens)
             except ConfigError as e:
                 log.error("reload: auth.tokens_file not changed: %s", e,
                           extra={"event": "reload_refused", "key": "auth.tokens_file"})

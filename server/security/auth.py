@@ -81,9 +81,18 @@ def is_loopback(address: str) -> bool:
         return False
 
 
-def check_exposure(config: Config, table: Optional[TokenTable]) -> None:
+def check_exposure(config: Config, table: Optional[TokenTable],
+                   running: Optional[TokenTable] = None) -> None:
     """ConfigError unless a TCP listener beyond loopback authenticates its callers,
-    or when the socket is to require tokens that nothing defines."""
+    or when the socket is to require tokens that nothing defines; on a reload
+    (`running`: the table in force), when the new table would turn tokens off."""
+    if running is not None and running.grants and table is not None and not table.grants:
+        # A tokens file with no token means no authentication (a file of quotas
+        # alone): revoking every token must not open the listeners instead.
+        raise ConfigError(
+            "the tokens file now defines no token, which would turn authentication off "
+            "(TCP callers without a token would be let in); to revoke every token, keep one "
+            "that nobody holds, or restart without auth.tokens_file", key="auth.tokens_file")
     if config.auth.require_token_on_socket and (table is None or not table.grants):
         raise ConfigError(
             "auth.require_token_on_socket = true (from "

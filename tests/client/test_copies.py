@@ -4,6 +4,11 @@ the caller's bytes, and a corrupted block is reported, on the event loop's
 thread or in a worker."""
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -202,3 +207,48 @@ def test_extents_outside_the_data_region_or_not_a_block_raise(arena, mapping, ex
         copies.write_summed(mapping, [ext], outs, XXH)
     with open(arena.path, "rb") as f:
         assert f.read(8) == b"KVKARENA"   # the header was not written over
+
+
+def _slow_fill(buf: Any, value: int, started: Any) -> None:
+    started.set()
+    time.sleep(0.3)
+    buf[:] = value
+
+
+async def test_a_cancelled_copy_returns_only_once_its_threads_have_ended() -> None:
+    """A load or save cancelled meanwhile (a deadline, a closed client) must not
+    leave a thread writing into buffers its caller now reuses."""
+    from kvkeeper.client.copies import in_threads
+
+    bufs = [np.zeros(8, np.uint8) for _ in range(2)]
+    started = threading.Event()
+    task = asyncio.create_task(in_threads([(_slow_fill, (b, 7, started)) for b in bufs]))
+    while not started.is_set():
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert all(b.all() for b in bufs)   # the threads had ended
+    for b in bufs:
+        b[:] = 0                         # the caller reuses its buffers
+    await asyncio.sleep(0.5)
+    assert not any(b.any() for b in bufs)
+
+
+def test_a_blocking_call_past_its_deadline_returns_once_its_threads_have_ended() -> None:
+    from kvkeeper.client.copies import in_threads
+    from kvkeeper.client.errors import DeadlineExceededError
+    from kvkeeper.client.waits import submit, wait_result
+
+    loop = asyncio.new_event_loop()
+    t = threading.Thread(target=loop.run_forever, daemon=True)
+    t.start()
+    try:
+        buf = np.zeros(8, np.uint8)
+        with pytest.raises(DeadlineExceededError):
+            wait_result(submit(in_threads([(_slow_fill, (buf, 9, threading.Event()))]), loop),
+                        0.05, "load_into")
+        assert buf.all()   # written before the deadline error reached the caller
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        t.join(5)

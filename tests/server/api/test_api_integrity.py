@@ -192,3 +192,20 @@ async def test_stats_shows_a_tenant_only_its_own_engines(daemon_factory: Any,
         seen_ops = await data.Stats(pb.StatsRequest(), metadata=md(TOKEN_OPS))
     assert [e.instance_id for e in seen_a.engines] == ["host-a"]
     assert sorted(e.instance_id for e in seen_ops.engines) == ["host-a", "secret-host-b"]
+
+
+async def test_a_reload_that_would_empty_the_tokens_file_is_refused(daemon_factory: Any,
+                                                                     tmp_path: Any) -> None:
+    """A tokens file with no token means no authentication (quotas alone): a
+    reload that revokes every token must not let TCP callers in without one."""
+    path = tmp_path / "tokens.toml"
+    path.write_text(TOKENS)
+    path.chmod(0o600)
+    d = await daemon_factory(**{"auth.tokens_file": str(path)})
+    path.write_text("[tokens]\n")
+    d.reload(d.config)
+    assert len(d.tokens.grants) == 2   # the table in force stays
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{d.port}") as ch:
+        await expect(grpc.StatusCode.UNAUTHENTICATED, pb_grpc.KVKeeperStub(ch).RegisterSession(
+            pb.RegisterSessionRequest(instance_id="x", namespace=pb.NamespaceDescriptor(
+                model_id="model-z", block_tokens=32, block_bytes=4096))), "token")
