@@ -62,9 +62,11 @@ def group_load(spec: LoadSpec, group: int) -> Tuple[LoadSpec, int]:
     end = skip
     while end < len(ids) and ids[end] != NULL_BLOCK:
         end += 1
+    # A peer's entries pair with the blocks position by position: cut them alike.
+    peer = None if spec.peer is None else (spec.peer[0], tuple(spec.peer[1][skip:end]))
     return replace(spec, keys=tuple(tuple(k[skip:end]) for k in spec.keys),
                    block_ids=ids[skip:end], refs=tuple(tuple(r[skip:end]) for r in spec.refs),
-                   group_block_ids=()), skip
+                   group_block_ids=(), peer=peer), skip
 
 
 def group_save(spec: SaveSpec, group: int) -> SaveSpec:

@@ -137,6 +137,11 @@ class SaveThread:
                 self._outcomes.popitem(last=False)
             self._told.notify_all()
 
+    def known_clean(self, load_ids: Sequence[int]) -> bool:
+        """Whether every one of these loads is known clean now (no waiting)."""
+        with self._told:
+            return all(self._outcomes.get(i) is True for i in load_ids)
+
     def _clean(self, job: SaveJob) -> bool:
         """Whether every load the job's blocks were computed over is reported
         clean; waits for the outcomes (they come with the next step)."""

@@ -293,7 +293,11 @@ class WorkerSide:
         if meta is None or not meta.saves:
             return
         if self.peer is not None:
-            self.peer.note_saves(meta.saves)
+            # Blocks computed over a load not known clean are no one's to copy:
+            # they may be wrong KV until vLLM recomputes them in place.
+            saver = self._saver
+            self.peer.note_saves([s for s in meta.saves if not s.after_loads or (
+                saver is not None and saver.known_clean(s.after_loads))])
         # Jobs copied out already no longer pin anything: forget them.
         for rid in [r for r, jobs in self._save_jobs.items() if all(j.copied for j in jobs)]:
             del self._save_jobs[rid]

@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Callable, Iterator, Optional, Sequence
 from kvkeeper.v1 import residency_pb2 as rpb
 from kvkeeper.v1 import residency_pb2_grpc as rpb_grpc
 
-from ..errors import InvalidArgument, Unavailable
+from ..errors import InvalidArgument, PermissionDenied, Unavailable
 from ..ids import NamespaceId, SessionId
 from ..ledger import Ledger
 from ..ledger.events import CLEARED, REMOVED, STORED, ResidencyEvent
@@ -90,8 +90,14 @@ class ResidencyServicer(Sibling, rpb_grpc.KVKeeperResidencyServicer):
         if which == "namespace_id":
             ns_id = namespace_id(request.namespace_id)
             ns = self.ledger.namespaces.get(ns_id)
-            # A token limited to some models may name only a namespace of theirs.
-            self._authorize(context, ns.descriptor.model_id if ns is not None else "")
+            # A token limited to some models may name only a namespace of theirs;
+            # the refusal is the same whether the id exists or not, and names no
+            # model: an id is no way to learn another tenant's model or namespaces.
+            see = getattr(self.data, "may_see_model", None)
+            if see is not None and not see(context, "*") and \
+                    (ns is None or not see(context, ns.descriptor.model_id)):
+                raise PermissionDenied("this token covers no namespace with that namespace_id; "
+                                       "name one of its own models' namespaces")
             return ns_id
         if required:
             raise InvalidArgument("name the namespace: its descriptor or its namespace_id")
@@ -127,7 +133,6 @@ class ResidencyServicer(Sibling, rpb_grpc.KVKeeperResidencyServicer):
                           context: Any) -> AsyncIterator[rpb.WatchEventsResponse]:
         ns = self._namespace(request, context, required=False)
         log = self.log
-        log.watched = True   # from now on the host and disk tiers log their changes too
         restarted = request.resume and request.epoch != log.epoch
         cursor = request.after_seq if request.resume and not restarted else log.last_seq
         if restarted:
@@ -136,6 +141,7 @@ class ResidencyServicer(Sibling, rpb_grpc.KVKeeperResidencyServicer):
         self._wakes.add(wake)
         try:
             replay = log.since(cursor)      # OutOfRange before anything is sent
+            log.watched = True   # from now on the host and disk tiers log their changes too
             head = rpb.WatchEventsResponse(epoch=log.epoch, last_seq=cursor)
             if restarted or replay.lost:
                 first, last = replay.lost or (0, 0)

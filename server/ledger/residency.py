@@ -37,8 +37,12 @@ from .events import CLEARED, EVENT_KINDS, REMOVED, STORED, EventLog
 from .records import Session
 from .sessions import tag
 
-# vLLM's block ids are int32 indices into the KV cache.
-MAX_CAPACITY_BLOCKS = 1 << 31
+# The most blocks an engine's book may hold. vLLM's block ids index its KV
+# cache, and 4M blocks (64M tokens of 16-token blocks) is more than any one
+# engine's GPU memory holds; a book costs ~165 B a key, so one client's
+# declared capacity can make the daemon hold at most ~700 MB for it (2^31,
+# the int32 limit, let one session grow it by hundreds of GB).
+MAX_CAPACITY_BLOCKS = 1 << 22
 # A block id the engine did not say.
 UNKNOWN_BLOCK = -1
 

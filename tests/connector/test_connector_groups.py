@@ -96,6 +96,10 @@ def test_the_load_names_every_groups_blocks_and_keys() -> None:
     part, skip = group_load(load, 1)
     assert (part.block_ids, skip) == ((8, 9), 4)
     assert part.keys == (tuple(kf[4:]), tuple(ks[4:])) and part.group_block_ids == ()
+    # A same-host peer's entries pair with the blocks by position: cut alike.
+    from dataclasses import replace
+    peered, _ = group_load(replace(load, peer=("seg", tuple((40 + i, 1) for i in range(6)))), 1)
+    assert peered.peer == ("seg", ((44, 1), (45, 1)))
     assert group_load(load, 0) == (group_load(load, 0)[0], 0)
     assert group_load(load, 0)[0].block_ids == (1, 2, 3, 4, 5, 6)
     side.request_finished(r)

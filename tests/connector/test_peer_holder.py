@@ -76,3 +76,39 @@ def test_notes_publish_the_generation_read_when_noted(tmp_path: Any) -> None:
         io.shutdown()
         gens.close()
         os.close(fd)
+
+
+def test_blocks_computed_over_a_failed_load_are_not_published(tmp_path: Any) -> None:
+    """A step that loads and computes: the computed blocks attend to the loaded
+    ones, so after a failed load they may be wrong KV until vLLM recomputes them
+    in place (no generation bump): peers must not be offered them."""
+    from kvkeeper.connector.metadata import KVKeeperConnectorMetadata, LoadSpec, SaveSpec
+    from kvkeeper.connector.peer.worker import WorkerPeer
+    from kvkeeper.connector.worker import WorkerSide
+
+    gens, fd = Generations.open_named(str(tmp_path / "g"), 16)
+    gens.attach()
+    client, io = FakeClient(), IoThread(None)
+    h = PeerHolder(FakeLink(), client, io, "eng", SharedKV(-1, 0, 0),  # type: ignore[arg-type]
+                   {"num_blocks": 16}, gens, fd)
+    try:
+        h.start()
+        assert h.flush(5)
+
+        class Source:
+            def trim(self) -> None:
+                pass
+        peer = WorkerPeer.__new__(WorkerPeer)
+        peer.holder, peer.source, peer._rank = h, Source(), 0
+        w = WorkerSide(None, None, 0, None)
+        w.peer = peer
+        load = LoadSpec("r", ((b"a" * 32, b"b" * 32, b"c" * 32),), (10, 11, 12), load_id=7)
+        w._results.finish(load, 1)   # 1 of 3 loaded: vLLM recomputes from block 11
+        w.wait_for_save(KVKeeperConnectorMetadata(saves=[
+            SaveSpec("r", ((b"d" * 32,),), (13,), after_loads=(7,)),
+            SaveSpec("q", ((b"e" * 32,),), (14,))]))   # another request's, no load
+        assert h.flush(5)
+        published = [k for (_, _, entries) in client.published for k, _, _ in entries]
+        assert published == [b"e" * 32]
+    finally:
+        io.shutdown()

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, AsyncIterator
 
 import grpc
+import pytest
 from test_residency_auth import TOKENS, TOKEN_A, TOKEN_OPS, md
 from test_servicer_errors import expect, key, snapshot
 
@@ -209,3 +210,47 @@ async def test_a_reload_that_would_empty_the_tokens_file_is_refused(daemon_facto
         await expect(grpc.StatusCode.UNAUTHENTICATED, pb_grpc.KVKeeperStub(ch).RegisterSession(
             pb.RegisterSessionRequest(instance_id="x", namespace=pb.NamespaceDescriptor(
                 model_id="model-z", block_tokens=32, block_bytes=4096))), "token")
+
+
+async def test_a_namespace_id_reveals_nothing_to_a_token_that_does_not_cover_it(
+        daemon_factory: Any, tmp_path: Any) -> None:
+    path = tmp_path / "tokens.toml"
+    path.write_text(TOKENS)
+    path.chmod(0o600)
+    d = await daemon_factory(**{"auth.tokens_file": str(path)})
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{d.port}") as ch:
+        data, res = pb_grpc.KVKeeperStub(ch), rpb_grpc.KVKeeperResidencyStub(ch)
+        other = (await data.RegisterSession(pb.RegisterSessionRequest(
+            instance_id="o", namespace=pb.NamespaceDescriptor(
+                model_id="secret-model-b", block_tokens=32, block_bytes=4096)),
+            metadata=md(TOKEN_OPS))).namespace_id
+        answers = []
+        for ns_id in (other, bytes(16)):   # another tenant's, and one nobody has
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await res.Locate(rpb.LocateRequest(namespace_id=ns_id, keys=[bytes(32)]),
+                                 metadata=md(TOKEN_A))
+            answers.append((e.value.code(), e.value.details()))
+        assert answers[0] == answers[1] and answers[0][0] == grpc.StatusCode.PERMISSION_DENIED
+        assert "secret-model-b" not in answers[0][1]
+        # A token that covers every model still learns of an unknown id (an empty answer).
+        assert (await res.Locate(rpb.LocateRequest(namespace_id=bytes(16), keys=[bytes(32)]),
+                                 metadata=md(TOKEN_OPS))).stored == 0
+        # A refused WatchEvents turns nothing on.
+        with pytest.raises(grpc.aio.AioRpcError):
+            async for _ in res.WatchEvents(rpb.WatchEventsRequest(
+                    resume=True, epoch=d.ledger.residency.log.epoch, after_seq=999),
+                    metadata=md(TOKEN_OPS)):
+                pass
+        assert not d.ledger.residency.log.watched
+
+
+async def test_an_engine_book_beyond_any_gpu_is_refused(daemon: Any, stub: Any) -> None:
+    from kvkeeper.server.ledger.residency import MAX_CAPACITY_BLOCKS
+
+    sid = await register(stub)
+    async with grpc.aio.insecure_channel(f"unix:{daemon.socket_path}") as ch:
+        res = rpb_grpc.KVKeeperResidencyStub(ch)
+        await expect(INVALID, res.ReportResidency(rpb.ReportResidencyRequest(
+            session_id=sid, capacity_blocks=MAX_CAPACITY_BLOCKS + 1)), "capacity_blocks")
+        assert not daemon.ledger.residency.books
+        assert MAX_CAPACITY_BLOCKS <= 1 << 22
