@@ -48,6 +48,14 @@ async def save(stub: Any, sid: str, keys: list, fill: bytes) -> None:
                                                    reservation_id=r.reservation_id))
 
 
+async def with_tokens(daemon_factory: Any, tmp_path: Any) -> Any:
+    """A daemon with test_residency_auth's tokens file: (daemon, the file's path)."""
+    path = tmp_path / "tokens.toml"
+    path.write_text(TOKENS)
+    path.chmod(0o600)
+    return await daemon_factory(**{"auth.tokens_file": str(path)}), path
+
+
 async def test_a_lease_narrowed_under_its_stream_ends_the_stream(daemon_factory: Any) -> None:
     n = 300
     d = await daemon_factory(**{"host_tier.capacity_bytes": PAGE + n * PAGE,
@@ -174,10 +182,7 @@ async def test_a_load_too_big_to_send_hands_out_nothing(daemon: Any, stub: Any) 
 
 async def test_stats_shows_a_tenant_only_its_own_engines(daemon_factory: Any,
                                                          tmp_path: Any) -> None:
-    path = tmp_path / "tokens.toml"
-    path.write_text(TOKENS)
-    path.chmod(0o600)
-    d = await daemon_factory(**{"auth.tokens_file": str(path)})
+    d, path = await with_tokens(daemon_factory, tmp_path)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{d.port}") as ch:
         data, res = pb_grpc.KVKeeperStub(ch), rpb_grpc.KVKeeperResidencyStub(ch)
         for token, model, host in ((TOKEN_A, "model-a", "host-a"),
@@ -199,10 +204,7 @@ async def test_a_reload_that_would_empty_the_tokens_file_is_refused(daemon_facto
                                                                      tmp_path: Any) -> None:
     """A tokens file with no token means no authentication (quotas alone): a
     reload that revokes every token must not let TCP callers in without one."""
-    path = tmp_path / "tokens.toml"
-    path.write_text(TOKENS)
-    path.chmod(0o600)
-    d = await daemon_factory(**{"auth.tokens_file": str(path)})
+    d, path = await with_tokens(daemon_factory, tmp_path)
     path.write_text("[tokens]\n")
     d.reload(d.config)
     assert len(d.tokens.grants) == 2   # the table in force stays
@@ -214,10 +216,7 @@ async def test_a_reload_that_would_empty_the_tokens_file_is_refused(daemon_facto
 
 async def test_a_namespace_id_reveals_nothing_to_a_token_that_does_not_cover_it(
         daemon_factory: Any, tmp_path: Any) -> None:
-    path = tmp_path / "tokens.toml"
-    path.write_text(TOKENS)
-    path.chmod(0o600)
-    d = await daemon_factory(**{"auth.tokens_file": str(path)})
+    d, path = await with_tokens(daemon_factory, tmp_path)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{d.port}") as ch:
         data, res = pb_grpc.KVKeeperStub(ch), rpb_grpc.KVKeeperResidencyStub(ch)
         other = (await data.RegisterSession(pb.RegisterSessionRequest(
