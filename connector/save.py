@@ -108,6 +108,11 @@ class SaveThread:
         self._outcomes: "OrderedDict[int, bool]" = OrderedDict()
         self._told = threading.Condition()
         self._closing = False
+        # Several ranks: an outcome comes with the scheduler's later step, so a
+        # save waits for it. One rank: the worker fed it before the save was
+        # queued (worker._own_outcomes), so one still unknown is a load that
+        # never ended here: dropped at once, never blocking the saves behind.
+        self.waits_for_word = False
 
     def admit(self, nbytes: int) -> bool:
         """Reserve room for nbytes of queued saves; False when full."""
@@ -151,6 +156,8 @@ class SaveThread:
                 known = [self._outcomes.get(i) for i in job.after_loads]
                 if None not in known:
                     return all(known)
+                if not self.waits_for_word:
+                    return False
                 left = deadline - time.monotonic()
                 if left <= 0 or self._closing:
                     return False   # never told (the engine stops): not stored

@@ -418,11 +418,13 @@ def test_a_save_sends_the_key_before_its_first_block(
 @pytest.mark.parametrize("clean", [True, False])
 def test_a_save_computed_over_a_load_waits_for_its_outcome(daemon: DaemonProcess,
                                                            clean: bool) -> None:
-    """Blocks computed in a loading step are saved only once the scheduler says
-    that load was clean (the next step's load_outcomes); after a failed one
-    they are dropped: computed over bad KV, they would be stored for good."""
+    """With several ranks, blocks computed in a loading step are saved only once
+    the scheduler says that load was clean (a later step's load_outcomes);
+    after a failed one they are dropped: computed over bad KV, they would be
+    stored for good."""
     kv = tensors(7)
     w = worker(daemon.url, kv)
+    w._saver.waits_for_word = True   # as with several ranks: the scheduler's word rules
     try:
         ks = keys(2, salt=7)
         w.wait_for_save(KVKeeperConnectorMetadata(saves=[SaveSpec(
@@ -502,6 +504,10 @@ def test_with_one_rank_a_save_over_a_clean_load_goes_at_once(daemon: DaemonProce
         assert b.flush(10.0)
         errors, _ = load(a, ks, (8, 9, 10), load_id=8)
         assert errors == set()
+        # A load this rank never saw end is no clean one: dropped, not waited for.
+        b.wait_for_save(KVKeeperConnectorMetadata(saves=[SaveSpec(
+            "r", ((keys(1, salt=30)[0],),), (11,), after_loads=(99,))]))
+        assert b.flush(2.0)
     finally:
         a.shutdown()
         b.shutdown()
