@@ -90,7 +90,8 @@ class SaveThread:
     at most max_bytes queued at a time."""
 
     def __init__(self, link: DaemonLink, codec: BlockCodec, max_bytes: int,
-                 counters: Counters, ready: "Optional[Future[None]]" = None) -> None:
+                 counters: Counters, ready: "Optional[Future[None]]" = None,
+                 waits_for_word: bool = False) -> None:
         self._link = link
         self._ready = ready   # the first connection (made on the I/O thread)
         self._codec = codec
@@ -112,7 +113,7 @@ class SaveThread:
         # save waits for it. One rank: the worker fed it before the save was
         # queued (worker._own_outcomes), so one still unknown is a load that
         # never ended here: dropped at once, never blocking the saves behind.
-        self.waits_for_word = False
+        self.waits_for_word = waits_for_word
 
     def admit(self, nbytes: int) -> bool:
         """Reserve room for nbytes of queued saves; False when full."""

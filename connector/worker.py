@@ -127,8 +127,8 @@ class WorkerSide:
             # Connect from the I/O thread, so that the client's threads run where it does.
             ready = self._io.submit(self._connect)
             self._saver = SaveThread(self.link, self.codec, self.cfg.max_pending_save_bytes,
-                                     self.counters, ready)
-            self._saver.waits_for_word = self.tp_size > 1   # see _own_outcomes
+                                     self.counters, ready,
+                                     waits_for_word=self.tp_size > 1)   # see _own_outcomes
             self._fetcher = Fetcher(self.link, self.rank, loader, self._results, self.releaser)
             if shared is not None:
                 self._start_peer(shared, num_blocks)

@@ -17,11 +17,12 @@ moves blocks and tells the ledger what moved. What it owns:
   before the caller's lease is taken, so Load and LoadStream only ever read
   the arena. Concurrent promotions of one block share one copy.
 * Flushing down (flush.py): write-through (CommitSave answers once the
-  blocks are below), write-back (flushed in the background; each block stays pinned by an internal lease
-  from its commit until its flush ends, so the arena evicts only blocks that
-  are below already), admission after N hits (a block goes down once hit
-  admit_after_hits times), and demotion: the arena's victims of capacity
-  pressure that a lower tier holds leave as "demoted", not lost.
+  blocks are below), write-back (flushed in the background; each block
+  stays pinned by an internal lease from its commit until its flush ends, so
+  the arena evicts only blocks that are below already), admission after N
+  hits (a block goes down once hit admit_after_hits times), and demotion:
+  the arena's victims of capacity pressure that a lower tier holds leave as
+  "demoted", not lost.
 
 Nothing above the stack (servicer, admin, metrics, watch, app) knows which
 tiers exist: adding a tier is one module offering LowerTier, its config,

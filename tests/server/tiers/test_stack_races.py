@@ -86,12 +86,18 @@ async def test_a_late_eviction_never_deletes_the_copy_a_save_just_acknowledged(b
         await stack.close()
 
 
-async def test_a_cancelled_lookup_leaves_its_promotion_to_the_others(build) -> None:
+async def slow_promotion(build: Any) -> Any:
+    """Block 1 on disk only, its read slow: (ledger, stack, session, the
+    leased lookup that promotes it, started)."""
     led, stack, tier, s = build()
     await save(led, stack, s, [key(1)])
     led.reclaim_unpinned(s.ns.id)
     slow(tier.store, "read_into", 0.3)
-    first = asyncio.create_task(stack.match(s.id, [key(1)], lease=True))
+    return led, stack, s, asyncio.create_task(stack.match(s.id, [key(1)], lease=True))
+
+
+async def test_a_cancelled_lookup_leaves_its_promotion_to_the_others(build) -> None:
+    led, stack, s, first = await slow_promotion(build)
     await asyncio.sleep(0.05)
     second = asyncio.create_task(stack.match(s.id, [key(1)], lease=True))
     await asyncio.sleep(0.05)
@@ -130,11 +136,7 @@ async def test_write_through_stores_what_admission_would_turn_away(build) -> Non
 
 
 async def test_a_promotion_outlives_the_reservation_timeout(build) -> None:
-    led, stack, tier, s = build()
-    await save(led, stack, s, [key(1)])
-    led.reclaim_unpinned(s.ns.id)
-    slow(tier.store, "read_into", 0.3)
-    t = asyncio.create_task(stack.match(s.id, [key(1)], lease=True))
+    led, stack, s, t = await slow_promotion(build)
     await asyncio.sleep(0.1)
     for when in (25.0, 50.0, 75.0):   # the session lives on
         led.heartbeat(s.id, when)
