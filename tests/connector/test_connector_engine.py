@@ -280,19 +280,31 @@ def test_daemon_killed_mid_request_then_hits_resume(cluster: Cluster) -> None:
     # tokens finished first on this session's: the daemon then stayed down and
     # every later test of the module failed on it).
     n = 1500
+    t0 = time.monotonic()
     base = one(cluster.base, p, n)
-    blocks = cluster.daemon.stats().tiers[0].blocks
+    t_base = time.monotonic() - t0
+    before = cluster.daemon.stats()
     cluster.b.send(cmd="generate", prompts=[p], max_tokens=n)
-    deadline = time.monotonic() + 60
-    # The request is running once its prompt's 2 blocks reach the daemon (saved
-    # after the prefill). Waiting for a decode block too let the request finish
-    # first on a machine where decode blocks reached the daemon late (CI, Xeon).
+    t0 = time.monotonic()
+    deadline = t0 + 60
     try:
-        while cluster.daemon.stats().tiers[0].blocks < blocks + 2:
-            assert time.monotonic() < deadline, "the long request saved nothing"
+        # The request has started once B's lookup reaches the daemon. Its
+        # prompt's 2 blocks (saved after the prefill) get until half the
+        # baseline's time to land too, so that the daemon dies with B's saves
+        # committed or in flight; it is killed by then in any case. Waiting for
+        # the saves alone let the request finish first on CI, where they landed
+        # after the whole decode (here: 0.07 s after the send, of 3.2 s).
+        while cluster.daemon.stats().lookups == before.lookups:
+            assert time.monotonic() < deadline, "B never asked the daemon"
+            time.sleep(0.02)
+        kill_by = t0 + t_base / 2
+        while (time.monotonic() < kill_by
+               and cluster.daemon.stats().tiers[0].blocks < before.tiers[0].blocks + 2):
             time.sleep(0.02)
         cluster.daemon.kill()
-        assert cluster.b._lines.empty(), "the request finished before the daemon was killed"
+        assert cluster.b._lines.empty(), \
+            f"the request finished before the daemon was killed ({time.monotonic() - t0:.2f} s " \
+            f"after it was sent; the baseline took {t_base:.2f} s)"
         res = cluster.b.result(timeout=180)
     except BaseException:
         # Leave the module's later tests a daemon, and no answer of B's pending.
