@@ -46,6 +46,7 @@ from .peer.metrics import PeerCollector
 from .peer.service import PeerService
 from .security.access import give_group, resolve_group
 from .security.auth import AuthInterceptor, AuthPolicy, check_exposure, server_credentials
+from .security.revocation import log_revocations, plan_revocations
 from .security.tokens import TokenTable, load_tokens
 from .tiers.arena import Arena, ArenaSpaceError
 from .tiers.disk_tier import DiskTier
@@ -287,9 +288,10 @@ class Daemon:
         self.watch.storm.threshold = sc.eviction_storm_blocks
         self.gc.set_interval(sc.gc_freeze_interval_seconds, time.monotonic())
         if table is not None and self.auth is not None:
-            self.tokens = table
-            self.auth.table = table
+            revoked = plan_revocations(self.ledger.sessions.values(), table)
+            self.tokens = self.auth.table = table
             self.ledger.quotas = dict(table.quotas)
+            self.ledger.revoke(log_revocations(revoked))   # their calls now fail, not later
         self.config = config
         log.info("reload: applied %s%s", ", ".join(plan.applied) or "no changed keys",
                  f"; tokens file re-read ({len(table.grants)} tokens, {len(table.quotas)} quotas)"

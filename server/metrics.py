@@ -144,7 +144,8 @@ class LedgerCollector:
             c(p + "sessions_expired", "Sessions dropped for a missed heartbeat."),
             c(p + "sessions_ended", "Sessions ended, by reason: closed by their client, "
               "expired (missed heartbeats), or disconnected (the call watching the session "
-              "ended: its client is gone).", labels=["reason"]),
+              "ended: its client is gone) or revoked (a reload took its model from its token).",
+              labels=["reason"]),
             c(p + "reservations_timed_out", "Save reservations dropped uncommitted after their timeout."),
         ]
         return {f.name: f for f in fams}

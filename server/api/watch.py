@@ -15,10 +15,10 @@ from typing import Any, AsyncIterator, Callable
 
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 
-from ..errors import Unavailable
+from ..errors import PermissionDenied, Unavailable
 from ..ids import Identity, SessionId
 from ..ledger import Ledger
-from ..ledger.sessions import CLOSED, EXPIRED, Watch, tag
+from ..ledger.sessions import CLOSED, EXPIRED, REVOKED, Watch, tag
 
 log = logging.getLogger("kvkeeper.api")
 
@@ -57,6 +57,9 @@ class Watches:
         if reason == _STOPPING:
             raise Unavailable("the daemon is shutting down; register again with the "
                               "restarted daemon")
+        if reason == REVOKED:   # no SessionEnd value for it: an older client knows the code
+            raise PermissionDenied("the session was ended: the daemon's tokens file was "
+                                   "reloaded and this token no longer covers its model")
         yield pb.SessionEvent(ended=END_TO_PB[reason])
 
     def _done(self, w: Watch) -> None:

@@ -103,6 +103,9 @@ class LedgerSection:
     event_buffer_keys: int = _opt(1 << 18, "int", "keys of residency events kept for "
                                   "WatchEvents resumes (older ones are reported as a gap)",
                                   min=1, max=1 << 26)
+    max_sessions_per_identity: int = _opt(4096, "int", "live sessions one identity (a token, "
+                                          "the unix socket, ...) may hold; 0: no limit",
+                                          min=0, max=1 << 24)
 
 
 @dataclass(frozen=True)
@@ -203,6 +206,7 @@ class Config:
             reservation_timeout_s=lg.reservation_timeout_seconds,
             event_buffer_keys=lg.event_buffer_keys,
             first_lease_id=lease_id_epoch(),
+            max_sessions_per_identity=lg.max_sessions_per_identity,
         )
 
     def as_dict(self) -> dict[str, dict[str, Any]]:

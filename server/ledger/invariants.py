@@ -4,6 +4,7 @@ O(blocks): for tests, fuzzing and audits, never on a request path.
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING, NoReturn
 
 from ..errors import InvariantViolation
@@ -51,6 +52,10 @@ def check_ledger(led: "Ledger") -> None:
     for session in led.sessions.values():
         if any(w.session is not session or not w.open for w in session.watches):
             _bad(f"session {session.id} lists a watch that is closed or another session's")
+    owners = Counter(s.owner for s in led.sessions.values())
+    if owners != led.session_table.per_owner:
+        _bad(f"sessions per identity counted {dict(led.session_table.per_owner)}, "
+             f"live {dict(owners)}")
     for book in led.lower.values():
         book.check_invariants()
     for ns in led.namespaces.values():

@@ -5,12 +5,11 @@ expiry without sleeping and the gRPC servicer stays a thin adapter.
 Every public method either completes or raises a ClientError having changed
 nothing; `check_invariants()` states what must hold between calls.
 
-The ledger keeps the book of every tier: the page tiers' (the host arena:
-blocks, pages, leases, reservations) here and in saves.py, and the books of
-the tiers below, kept in bytes, in lower.py. Moving bytes between tiers is
-the tier stack's (tiers/stack.py); it asks the ledger where blocks are and
-tells it what moved. The daemon's own pins and reservations belong to one
-internal holder (records.Internal), not to a session.
+The ledger keeps the book of every tier: the page tiers' (the host arena) here
+and in saves.py, the byte books of the tiers below in lower.py. Moving bytes is
+the tier stack's (tiers/stack.py): it asks where blocks are and tells what moved.
+The daemon's own pins and reservations belong to one internal holder
+(records.Internal), not to a session.
 """
 from __future__ import annotations
 
@@ -34,7 +33,7 @@ from .residency import Residency
 from .results import ExpiryReport, MatchResult
 from .routing import RoutingCalls
 from .saves import Saves
-from .sessions import CLOSED, DISCONNECTED, EXPIRED, SessionTable, Watch
+from .sessions import CLOSED, DISCONNECTED, EXPIRED, REVOKED, SessionTable, Watch
 from .states import BlockState, Event
 from .tier import Tier, TierSpec
 from .units import pages_for_bytes
@@ -56,9 +55,9 @@ class LedgerConfig:
     reservation_timeout_s: float = 60.0
     # The residency events' replay buffer, in keys (events.py).
     event_buffer_keys: int = DEFAULT_CAPACITY_KEYS
-    # The first lease id: the daemon starts each run past the last run's
-    # (config/schema.py), so a release sent before a restart frees no new lease.
+    # Each run starts past the last run's (schema.py): an old release frees no new lease.
     first_lease_id: int = 1
+    max_sessions_per_identity: int = 0   # 0: no limit (sessions.py)
 
 
 class Ledger(Saves, LowerBooks, RoutingCalls):
@@ -75,9 +74,9 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
         # The books of the tiers below the page tiers, in lookup order (add_book).
         self.lower: dict[TierName, DiskIndex] = {}
         self.namespaces: dict[NamespaceId, Namespace] = {}
-        self._sessions = SessionTable()
-        # The live sessions by id (read by metrics, admin and tests; changed only here).
-        self.sessions: dict[SessionId, Session] = self._sessions.live
+        self.session_table = SessionTable(config.max_sessions_per_identity)
+        # The live sessions by id, and the table (read by metrics, admin, tests; changed here).
+        self.sessions: dict[SessionId, Session] = self.session_table.live
         self.internal = Internal()
         self.leases: dict[LeaseId, Lease] = {}
         self.reservations: dict[ReservationId, Reservation] = {}
@@ -97,6 +96,7 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
         if len(instance_id.encode()) > 256:
             raise InvalidArgument("instance_id is longer than 256 bytes")
         descriptor.validate()
+        self.session_table.check_room(owner)   # before anything changes: the namespace too
         ns = self.namespaces.get(descriptor.digest())
         if ns is None:
             ppb = pages_for_bytes(descriptor.block_bytes, self.top.page_bytes)
@@ -107,16 +107,15 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
             self._sweep_at = sweep_namespaces(self.namespaces, self._sweep_at)
             ns = Namespace(descriptor, ppb)
             self.namespaces[ns.id] = ns
-        session = Session(self._sessions.new_id(), instance_id, ns,
+        session = Session(self.session_table.new_id(), instance_id, ns,
                           now + self.config.lease_ttl_s, owner)
         ns.sessions += 1
-        self._sessions.add(session)
+        self.session_table.add(session)
         return session
 
     def session(self, sid: SessionId, now: float, owner: Identity = LOCAL) -> Session:
-        """The live session `sid` of `owner`. Looking it up does not renew it:
-        only a call that succeeds does (renew), so failing calls are no heartbeat."""
-        session = self._sessions.resolve(sid, owner)
+        """The live session `sid` of `owner`. Only a call that succeeds renews it."""
+        session = self.session_table.resolve(sid, owner)
         if session.expires_at < now:
             self._drop_session(session, EXPIRED)
             raise FailedPrecondition(
@@ -134,13 +133,17 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
     def close_session(self, sid: SessionId, now: float, owner: Identity = LOCAL) -> None:
         self._drop_session(self.session(sid, now, owner), CLOSED)
 
+    def revoke(self, sids: Iterable[SessionId]) -> None:
+        """End these live sessions now: a reload took their model from their token."""
+        for session in [self.sessions[sid] for sid in sids if sid in self.sessions]:
+            self._drop_session(session, REVOKED)
+
     def watch(self, sid: SessionId, now: float, owner: Identity,
               on_end: Callable[[str], None]) -> Watch:
-        """A call now watches the live session `sid` (and renews it): when the
-        session ends, on_end(reason) is called; when the session's last watch
-        ends first (unwatch), the session ends with it."""
+        """A call now watches the live session `sid` (and renews it): on_end(reason)
+        when the session ends; the end of its last watch ends it (unwatch)."""
         session = self.session(sid, now, owner)
-        w = self._sessions.watch(session, on_end)
+        w = self.session_table.watch(session, on_end)
         self.renew(session, now)
         return w
 
@@ -148,7 +151,7 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
         """The call of watch `w` ended. Returns whether that ended its session
         (its last watch, the session still live: the client is gone, so its
         leases and reservations are freed now). Never fails."""
-        session = self._sessions.unwatch(w)
+        session = self.session_table.unwatch(w)
         if session is None:
             return False
         self._drop_session(session, DISCONNECTED)
@@ -157,11 +160,11 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
     @property
     def session_ends(self) -> Mapping[str, int]:
         """Sessions ended so far, by reason (sessions.END_REASONS)."""
-        return self._sessions.ends
+        return self.session_table.ends
 
     @property
     def sessions_expired(self) -> int:
-        return self._sessions.ends[EXPIRED]
+        return self.session_table.ends[EXPIRED]
 
     def _drop_session(self, session: Session, reason: str) -> None:
         for lid in list(session.leases):
@@ -170,7 +173,7 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
             self._abort(self.reservations[rid], Event.ABORT)
         session.ns.sessions -= 1
         self.residency.drop(session.id)
-        self._sessions.forget(session, reason)
+        self.session_table.forget(session, reason)
 
     # ------------------------------------------------------------ keys
     def check_keys(self, keys: Sequence[bytes], *, unique: bool) -> list[bytes]:
@@ -215,9 +218,8 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
             hit.append(b)
         self.lookups += 1
         self.lookup_keys += len(keys)
-        if hit and len(hit) < len(keys):
-            # A save of the first key missed will likely follow: its parent is
-            # the last hit (saves.py _first_parent), unless it names one.
+        if hit and len(hit) < len(keys):   # a save of the first key missed will likely
+            # follow: its parent is the last hit (saves.py _first_parent), unless it names one.
             hints = session.ns.hints
             hints[keys[len(hit)]] = hit[-1]  # type: ignore[index]
             if len(hints) > HINTS:
@@ -251,8 +253,7 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
         return MatchResult(len(hit), tiers, lease_id)
 
     def _hit_evictable(self, blocks: list[Block], rereads: int) -> None:
-        """policy.hit_all of the run, the first `rereads` rereads, one run per
-        tier (a tier's policy may reorder a run in one pass)."""
+        """policy.hit_all of the run (the first `rereads` rereads), one run per tier."""
         if len(self.tiers) == 1:
             self.top.policy.hit_all(blocks, rereads)
             return
@@ -262,8 +263,7 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
                 t.policy.hit_all([blocks[i] for i in mine], sum(i < rereads for i in mine))
 
     def count_asked(self, ns: Namespace, keys: int, report_use: bool) -> None:
-        """Count keys of a Match that match() was not given (the tier stack
-        looked them up in the tiers below)."""
+        """Count a Match's keys that the tiers below looked up, not match()."""
         self.lookup_keys += keys
         if not report_use:
             self.usage.asked(ns, keys)

@@ -23,7 +23,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from ..errors import FailedPrecondition, NotFound
+from ..errors import FailedPrecondition, NotFound, ResourceExhausted
 from ..ids import Identity, SessionId
 from ..quoting import clip
 from .records import Session
@@ -31,10 +31,11 @@ from .records import Session
 # How many ended sessions the owner can still be told about; older ones read as unknown.
 ENDED_MEMORY = 65536
 
-# Why a session ended: its client closed it, it missed its heartbeats, or the
-# last call watching it ended without it being closed (the client is gone).
-CLOSED, EXPIRED, DISCONNECTED = "closed", "expired", "disconnected"
-END_REASONS: tuple[str, ...] = (CLOSED, EXPIRED, DISCONNECTED)
+# Why a session ended: its client closed it, it missed its heartbeats, the
+# last call watching it ended without it being closed (the client is gone), or
+# a reload took its model away from the token that registered it.
+CLOSED, EXPIRED, DISCONNECTED, REVOKED = "closed", "expired", "disconnected", "revoked"
+END_REASONS: tuple[str, ...] = (CLOSED, EXPIRED, DISCONNECTED, REVOKED)
 
 
 class ForeignSession(NotFound):
@@ -67,9 +68,14 @@ class Watch:
 class SessionTable:
     """Live sessions by id, plus a bounded memory of ended ones and their owners."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_per_owner: int = 0) -> None:
         self.live: dict[SessionId, Session] = {}
-        self._ended: OrderedDict[SessionId, Identity] = OrderedDict()
+        # Live sessions per identity, and how many one may hold (0: no limit): an
+        # engine that registers in a loop must not grow the daemon's books and the
+        # metrics' engine labels without bound.
+        self.per_owner: Counter[Identity] = Counter()
+        self.max_per_owner = max_per_owner
+        self._ended: OrderedDict[SessionId, tuple[Identity, str]] = OrderedDict()
         self._next = 1
         # Sessions ended, by reason (END_REASONS); read by the metrics collector.
         self.ends: Counter[str] = Counter({r: 0 for r in END_REASONS})
@@ -83,15 +89,33 @@ class SessionTable:
         self._next += 1
         return sid
 
+    def check_room(self, owner: Identity) -> None:
+        """ResourceExhausted if `owner` may not register one more session."""
+        n = self.per_owner[owner]
+        if self.max_per_owner and n >= self.max_per_owner:
+            raise ResourceExhausted(
+                f"{clip(owner)} already holds {n} live sessions, the most one identity may "
+                "(ledger.max_sessions_per_identity); close the sessions it no longer uses "
+                "(CloseSession) or wait for them to expire, or raise the limit")
+
     def add(self, session: Session) -> None:
+        self.check_room(session.owner)
         self.live[session.id] = session
+        self.per_owner[session.owner] += 1
 
     def resolve(self, sid: SessionId, owner: Identity) -> Session:
         """The live session `sid` if `owner` registered it; NotFound otherwise."""
         session = self.live.get(sid)
         if session is not None and session.owner == owner:
             return session
-        if session is None and self._ended.get(sid) == owner:
+        ended = self._ended.get(sid) if session is None else None
+        if ended is not None and ended[0] == owner:
+            if ended[1] == REVOKED:
+                # "session ... expired": the proto's wording, so clients register again.
+                raise FailedPrecondition(
+                    f"session {clip(sid)} expired early: it was revoked, the daemon's tokens "
+                    "file was reloaded and this token no longer covers its model; its leases "
+                    "and reservations were released; register with a token that covers it")
             raise FailedPrecondition(
                 f"session {clip(sid)} expired or was closed; its leases and reservations were "
                 "released; call RegisterSession again")
@@ -103,7 +127,10 @@ class SessionTable:
         """`session` ended (its leases and reservations are already released):
         count it and end the calls watching it."""
         del self.live[session.id]
-        self._ended[session.id] = session.owner
+        left = self.per_owner[session.owner] = self.per_owner[session.owner] - 1
+        if not left:
+            del self.per_owner[session.owner]
+        self._ended[session.id] = (session.owner, reason)
         while len(self._ended) > ENDED_MEMORY:
             self._ended.popitem(last=False)
         self.ends[reason] += 1

@@ -20,12 +20,13 @@ from ..ids import Identity
 
 SOCKET = Identity("socket")
 TCP = Identity("tcp")
+TOKEN_PREFIX = "token:"
 
 CURRENT: ContextVar[Optional[Identity]] = ContextVar("kvkeeper_identity", default=None)
 
 
 def for_token(name: str) -> Identity:
-    return Identity(f"token:{name}")
+    return Identity(TOKEN_PREFIX + name)
 
 
 def tls_subject(context: Any) -> Optional[str]:

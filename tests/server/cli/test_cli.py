@@ -93,7 +93,8 @@ def test_print_config_json(capsys, monkeypatch):
     d = json.loads(out)
     assert d["ledger"] == {"eviction_policy": "hits-lru", "key_bytes": 32,
                            "max_keys_per_call": 4096, "lease_ttl_seconds": 120.0,
-                           "reservation_timeout_seconds": 60.0, "event_buffer_keys": 1 << 18}
+                           "reservation_timeout_seconds": 60.0, "event_buffer_keys": 1 << 18,
+                           "max_sessions_per_identity": 4096}
     assert d["host_tier"]["page_bytes"] == 128 * KiB
     assert d["listen"]["socket_mode"] == "0660"
 

@@ -72,7 +72,7 @@ def snapshot(led: Ledger) -> dict[str, Any]:
     reservations = {rid: (r.session.id, [None if b is None else _bkey(b) for b in r.entries],
                           r.expires_at, getattr(r, "written", None))
                     for rid, r in led.reservations.items()}
-    counters = (led._sessions.issued, led._next_lease, led._next_reservation, led.lookups,
+    counters = (led.session_table.issued, dict(led.session_table.per_owner), led._next_lease, led._next_reservation, led.lookups,
                 led.lookup_keys, led.sessions_expired, led.reservations_timed_out,
                 vars(led.usage).copy())
     return {"tiers": tiers, "namespaces": namespaces, "sessions": sessions, "leases": leases,

@@ -45,7 +45,7 @@ def test_the_end_of_the_last_watch_ends_the_session_and_frees_its_leases(held, k
     assert led.top.evictable_pages == 0
     assert led.unwatch(w) is True
     assert a.id not in led.sessions and lease not in led.leases and res not in led.reservations
-    assert ends_of(led) == {"closed": 0, "expired": 0, "disconnected": 1}
+    assert ends_of(led) == {"closed": 0, "expired": 0, "disconnected": 1, "revoked": 0}
     assert led.sessions_expired == 0
     assert ends.reasons == [], "a watch that ended itself is not told the session ended"
     # Released, not discarded: the blocks stay for the next engine.
@@ -107,7 +107,7 @@ def test_a_session_nobody_watches_lives_by_heartbeats_alone(make_ledger, descrip
     led.heartbeat(a.id, 29.0)
     assert led.expire(58.0).sessions == [] and lease in led.leases
     assert led.expire(59.5).sessions == [a.id] and lease not in led.leases
-    assert ends_of(led) == {"closed": 0, "expired": 1, "disconnected": 1}
+    assert ends_of(led) == {"closed": 0, "expired": 1, "disconnected": 1, "revoked": 0}
     led.check_invariants()
 
 
