@@ -262,10 +262,15 @@ class WorkerSide:
 
     def fail_loads(self, meta: Any) -> None:
         """Report every block of every load as failed (the last resort when
-        start_load_kv itself broke)."""
+        start_load_kv itself broke), and hand back what the step held: a copy
+        job that started stops and releases by itself (_stop); one that never
+        started leaves its leases to us (else pinned for the session's life)."""
         step, self._step = self._step, None
         if step is not None:
             step.abandoned = True
+            self._stop(step)
+            if (step.future is None or step.future.done()) and self.load_strategy is not None:
+                self.load_strategy.loader.release(step)
         for spec in getattr(meta, "loads", None) or ():
             self._results.finish(spec, 0)
 

@@ -120,7 +120,11 @@ class BlockLoader:
 
     def release(self, step: StepLoads) -> None:
         """Drop the arena views, then release each load's lease, discarding its
-        corrupt blocks (a load by the scheduler's refs has no lease here)."""
+        corrupt blocks (a load by the scheduler's refs has no lease here).
+        Once per step: a step that broke may be released by whoever gets there."""
+        if step.released:
+            return
+        step.released = True
         for f in step.fetched:
             f.sources = f.views = None
             if self._releaser is not None:
@@ -139,8 +143,9 @@ class BlockLoader:
         codec = self.codec
         t0 = time.perf_counter()
         lb = codec.layout.layer_bytes
-        hashers = [self._hashers(f) for f in step.fetched]
+        hashers: List[List[Tuple[Hasher, memoryview]]] = [[] for _ in step.fetched]
         try:
+            hashers = [self._hashers(f) for f in step.fetched]
             for i, name in enumerate(codec.layer_names):
                 if step.abandoned:   # reported failed meanwhile: write no more (worker._stop)
                     break

@@ -51,6 +51,7 @@ class StepLoads:
         self.timings = timings
         self.future: Optional["Future[None]"] = None   # the copies and checks beside the forward
         self.abandoned = False          # give up on every block (a timeout, a failed copy)
+        self.released = False           # its views and leases handed back (BlockLoader.release)
 
 
 class LoadResults:
