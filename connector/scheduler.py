@@ -63,9 +63,8 @@ from .stats import Counters, KVKeeperStats
 
 __all__ = ["IDLE_WAIT_S", "SchedulerSide"]
 
-# The longest get_num_new_matched_tokens waits for a lookup when no request
-# is running (no answer given yet to any request vLLM holds): a step skipped
-# then runs nothing.
+# The longest get_num_new_matched_tokens waits for a lookup while no request runs (a step
+# skipped then runs nothing), and update_connector_output for a corrupt block's discard.
 IDLE_WAIT_S = 0.05
 
 log = logging.getLogger("kvkeeper.connector")
@@ -376,11 +375,12 @@ class SchedulerSide:
             # peer's blocks are no hit of the daemon's).
             self._release(lease, corrupt, loaded=0 if lease.peer else min(good, lease.blocks))
             if corrupt:
-                # Rare: let the discard reach the daemon before this request's
-                # blocks are saved again (else they would find the corrupt
-                # block still present, skip it, and then see it dropped).
+                # Rare: the discard should reach the daemon before the blocks are
+                # saved again (else they find the corrupt one present and skip it).
+                # Briefly: this is vLLM's scheduler loop; a late one costs a save.
+                until = time.monotonic() + min(IDLE_WAIT_S, self.cfg.lookup_timeout_s)
                 for r in corrupt:
-                    self.releasers[r].flush(self.cfg.lookup_timeout_s)
+                    self.releasers[r].flush(max(0.0, until - time.monotonic()))
 
     def request_finished(self, request: Any) -> Optional[Dict[str, Any]]:
         """Release what the request still holds; the report for kv_transfer_params."""

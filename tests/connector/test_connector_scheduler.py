@@ -846,3 +846,30 @@ def test_a_held_free_is_let_go_after_a_while_without_a_report() -> None:
     assert gates.held("a") and not gates.held("b")
     now[0] = HOLD_S + 1                 # no worker ever reported load 7
     assert not gates.held("a")
+
+
+def test_a_corrupt_blocks_discard_holds_the_scheduler_loop_only_briefly() -> None:
+    """update_connector_output runs on vLLM's scheduler loop: with the daemon
+    stuck, it must not wait for the discard up to the lookup timeout (a
+    reviewer measured 1 s per corrupt load); the discard lands when it can."""
+    import threading
+
+    side, (d,), _ = make(lookup_timeout_s=30.0)
+    keys = store(d, 0, TOKENS, 3)
+    r = Req("a", TOKENS + [5] * 10)
+    side.get_num_new_matched_tokens(r, 0)
+    side.update_state_after_alloc(r, Blocks([40, 41, 42, 43, 44]), 96)
+    meta = side.build_connector_meta(output(a=42), lambda rid: [40, 41, 42, 43, 44])
+    stuck = threading.Event()
+    release = d.release
+    d.release = lambda *a, **kw: (stuck.wait(), release(*a, **kw))[1]   # type: ignore[method-assign]
+    unstick = threading.Timer(2.0, stuck.set)   # far past the wait allowed, far below the timeout
+    unstick.start()
+    try:
+        side.update_connector_output(done(meta.loads[0].load_id, good=1, bad=[1]))
+        assert not stuck.is_set(), "the scheduler loop waited for the stuck daemon"
+    finally:
+        unstick.cancel()
+        stuck.set()
+    flush(side)
+    assert keys[1] not in d.keys and d.released == [(1, False)], "the discard still landed"
