@@ -10,7 +10,8 @@ from .aio import AsyncClient
 from .checksum import ALGOS, crc32, xxh3_64
 from .errors import (ChecksumError, DeadlineExceededError, FailedPreconditionError,
                      InvalidArgumentError, KVKeeperClientError, NotFoundError, OutOfRangeError,
-                     ResourceExhaustedError, UnavailableError, from_rpc_error, is_session_lost)
+                     PermissionDeniedError, ResourceExhaustedError, UnauthenticatedError,
+                     UnavailableError, from_rpc_error, is_session_lost)
 from .leases import MatchResult
 from .retry import call_with_retry, call_with_retry_sync
 from .saves import SaveResult
@@ -21,7 +22,8 @@ __all__ = [
     "AsyncClient", "Client", "MatchResult", "SaveResult",
     "KVKeeperClientError", "NotFoundError", "FailedPreconditionError", "InvalidArgumentError",
     "ResourceExhaustedError", "UnavailableError", "OutOfRangeError", "DeadlineExceededError",
-    "ChecksumError", "from_rpc_error", "is_session_lost",
+    "PermissionDeniedError", "UnauthenticatedError", "ChecksumError", "from_rpc_error",
+    "is_session_lost",
     "ALGOS", "crc32", "xxh3_64", "call_with_retry", "call_with_retry_sync",
     "KeeperURL", "parse_url", "to_grpc_target",
 ]

@@ -15,7 +15,8 @@ import grpc
 __all__ = [
     "KVKeeperClientError", "NotFoundError", "FailedPreconditionError", "InvalidArgumentError",
     "ResourceExhaustedError", "UnavailableError", "OutOfRangeError", "DeadlineExceededError",
-    "ChecksumError", "from_rpc_error", "is_session_lost", "protocol_error",
+    "PermissionDeniedError", "UnauthenticatedError", "ChecksumError", "from_rpc_error",
+    "is_session_lost", "protocol_error",
 ]
 
 
@@ -56,6 +57,16 @@ class DeadlineExceededError(KVKeeperClientError):
     """The call's deadline passed; the daemon may or may not have applied it."""
 
 
+class PermissionDeniedError(KVKeeperClientError):
+    """The token does not allow it: a model it does not cover (RegisterSession;
+    a reload may take one away), or an admin call without an admin token."""
+
+
+class UnauthenticatedError(KVKeeperClientError):
+    """No valid credentials: a token the daemon does not know (never issued, or
+    removed from its tokens file), or none where the listener needs one."""
+
+
 class ChecksumError(KVKeeperClientError):
     """Loaded blocks whose bytes do not match the checksum given at commit.
 
@@ -77,6 +88,8 @@ _BY_CODE = {
     grpc.StatusCode.UNAVAILABLE: UnavailableError,
     grpc.StatusCode.OUT_OF_RANGE: OutOfRangeError,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
+    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
 }
 
 
@@ -103,7 +116,11 @@ def is_session_lost(err: BaseException) -> bool:
 
     The proto fixes the wording: NOT_FOUND "unknown session ..." or
     FAILED_PRECONDITION "session ... expired". Either way registering again is
-    the cure.
+    the cure. UNAUTHENTICATED counts too: the daemon answers it to every call
+    with a token removed from its tokens file, and that reload ended the
+    token's sessions (server/security/revocation.py), so registering again is
+    the only way back; it is refused until the token is restored, and the
+    session backs off meanwhile (refusal.py).
     """
     if isinstance(err, KVKeeperClientError):
         code, details = err.code, err.details
@@ -112,6 +129,8 @@ def is_session_lost(err: BaseException) -> bool:
     else:
         return False
     details = (details or "").lower()
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return True
     if code == grpc.StatusCode.NOT_FOUND:
         return "unknown session" in details
     if code == grpc.StatusCode.FAILED_PRECONDITION:

@@ -8,7 +8,9 @@ calls get the client's deadline, are retried on UNAVAILABLE when idempotent
 (retry.py), and, when they carry no id issued to the old session, are made
 once more in the new one. Calls that carry such an id (lease, reservation)
 are never replayed after a re-registration: the daemon released them with
-that session, and the caller must match again.
+that session, and the caller must match again. When the daemon refuses to
+register again (refusal.py), the refusal is remembered: until its backoff
+passes, calls that would register again raise it without a round trip.
 
 Each registration may announce another arena; `on_arena` (the transport
 choice, transport.py) is told, so the byte path follows the daemon.
@@ -27,6 +29,7 @@ from kvkeeper.v1 import residency_pb2_grpc as rpb_grpc
 
 from .errors import KVKeeperClientError, from_rpc_error, is_session_lost, protocol_error
 from .match_lane import AsyncMatchLane
+from .refusal import Refusal
 from .retry import call_with_retry
 from .watch import hold_watch
 from .wire import parse_match_response
@@ -98,6 +101,7 @@ class Session:
         self._instance_id = instance_id
         self._on_arena = on_arena
         self._register_lock = asyncio.Lock()
+        self.refusal = Refusal()     # the daemon's last refusal to register again
         self._heartbeat_task: Optional[asyncio.Task] = None
         self._watch_task: Optional[asyncio.Task] = None
 
@@ -124,13 +128,25 @@ class Session:
         self._on_arena(resp.arena if resp.HasField("arena") else None, initial)
 
     async def reregister(self, stale_session_id: str) -> str:
-        """Register again unless another task already replaced `stale_session_id`."""
+        """Register again unless another task already replaced `stale_session_id`.
+        While the daemon's last refusal holds (refusal.py), or when it refused
+        while this task waited for the lock, raise that refusal without asking."""
+        seen = self.refusal.count
         async with self._register_lock:
             if self.id != stale_session_id:
                 return self.id
-            await self.register(initial=False)
+            if self.refusal.count != seen and self.refusal.error is not None:
+                raise self.refusal.replay()     # asked just now, for this same id
+            self.refusal.check()
+            try:
+                await self.register(initial=False)
+            except KVKeeperClientError as e:
+                self.refusal.record(e)
+                raise
+            refused = self.refusal.clear()
             log.warning("kvkeeper: session %s lost (daemon restarted or lease expired); "
-                        "registered again as %s", stale_session_id, self.id)
+                        "registered again as %s%s", stale_session_id, self.id,
+                        " (after the daemon refused)" if refused else "")
             return self.id
 
     async def renew(self) -> None:
@@ -160,7 +176,10 @@ class Session:
 
     async def _heartbeat_loop(self) -> None:
         """renew() every TTL/3. Never raises: failures are logged (the next
-        heartbeat, or a call, tries again)."""
+        heartbeat, or a call, tries again): a WARNING when they start or their
+        code changes, DEBUG while the same one repeats (a refusal can last
+        hours), and one INFO when heartbeats succeed again."""
+        failing: Optional[object] = None     # the code of the failure going on, if any
         while True:
             ttl = self.lease_ttl
             await asyncio.sleep(max(0.05, ttl / 3.0) if ttl > 0 else 10.0)
@@ -169,7 +188,15 @@ class Session:
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                log.warning("kvkeeper: heartbeat failed: %s", e)
+                code = (e.code if isinstance(e, KVKeeperClientError) else None) \
+                    or type(e).__name__
+                log.log(logging.DEBUG if code == failing else logging.WARNING,
+                        "kvkeeper: heartbeat failed: %s", e)
+                failing = code
+                continue
+            if failing is not None:
+                log.info("kvkeeper: heartbeats succeed again (session %s)", self.id)
+                failing = None
 
     async def close(self, timeout: Optional[float] = None) -> None:
         """Stop heartbeats and close the session (best effort, within `timeout`
@@ -206,6 +233,10 @@ class Session:
         `rebind` (the request carries no id of the old session). Returns the
         response and the session id the request was made with."""
         self.check_open()
+        if rebind and self.refusal.holds():
+            # Our id is one the daemon lost, and registering again was refused:
+            # the call would fail and register again, so say so without asking.
+            raise self.refusal.replay()
         method = self._methods.get(rpc) or getattr(self.stub, rpc)
         sid = self.id
         rebound = False

@@ -12,8 +12,11 @@ The watch follows the session. When the call ends while the client is open
 be reached), it is opened again for the session then current: at once after
 registering again when the daemon lost the session, else after a backoff
 (RETRY_MIN_S doubling to RETRY_MAX_S), so a daemon back from a restart gets
-the session registered again within about RETRY_MAX_S of coming back. A
-daemon without WatchSession (UNIMPLEMENTED) leaves the session to heartbeats.
+the session registered again within about RETRY_MAX_S of coming back. When
+the daemon refused to register the session again (refusal.py), the watch
+waits out that refusal's backoff instead: asking sooner is refused the same
+way. A daemon without WatchSession (UNIMPLEMENTED) leaves the session to
+heartbeats.
 """
 from __future__ import annotations
 
@@ -69,5 +72,5 @@ async def hold_watch(session: Any) -> None:
                 raise
             except Exception as e:  # noqa: BLE001 - heartbeats and calls try again too
                 log.debug("kvkeeper: registering again from the watch failed: %s", e)
-        await asyncio.sleep(delay)
+        await asyncio.sleep(max(delay, session.refusal.wait()))
         delay = min(RETRY_MAX_S, delay * 2)

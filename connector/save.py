@@ -222,7 +222,8 @@ class SaveThread:
             c.inc("save_dropped_blocks", n)
             return
         except ResourceExhaustedError as e:
-            log.debug("kvkeeper: daemon full, %d block(s) not saved: %s", n, e)
+            log.debug("kvkeeper: %d block(s) not saved (daemon full, or it refused this engine): %s",
+                      n, e)
             c.inc("save_dropped_blocks", n)
             return
         except Exception as e:  # noqa: BLE001 - a lost save is a future miss

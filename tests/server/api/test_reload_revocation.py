@@ -95,10 +95,13 @@ async def test_a_refused_tokens_file_ends_no_session(daemon_factory: Any, tmp_pa
 
 
 async def test_the_client_of_a_revoked_session_gets_a_clear_error_and_recovers_when_granted(
-        daemon_factory: Any, tmp_path: Any) -> None:
-    """The connector's library: its next call registers again, is refused
-    with the token's models named, and works again once the model is granted back."""
-    from kvkeeper.client import AsyncClient, KVKeeperClientError
+        daemon_factory: Any, tmp_path: Any, monkeypatch: Any) -> None:
+    """The client library: its next call registers again, is refused with the
+    token's models named, and works again once the model is granted back
+    (within the refusal's backoff: client/refusal.py)."""
+    from kvkeeper.client import AsyncClient, PermissionDeniedError, refusal
+
+    monkeypatch.setattr(refusal, "REFUSED_MIN_S", 0.05)
 
     d, path = await with_tokens(daemon_factory, tmp_path)
     granted = path.read_text()
@@ -110,12 +113,18 @@ async def test_the_client_of_a_revoked_session_gets_a_clear_error_and_recovers_w
         assert (await c.match([key(1)])).matched == 0
         path.write_text(granted.replace('models = ["model-a"]', 'models = ["model-c"]'))
         d.reload(d.config)
-        with pytest.raises(KVKeeperClientError) as e:
+        with pytest.raises(PermissionDeniedError, match="model-c"):
             await c.match([key(1)])
-        assert e.value.code == grpc.StatusCode.PERMISSION_DENIED and "model-c" in str(e.value)
         path.write_text(granted)
         d.reload(d.config)
-        assert (await c.match([key(1)])).matched == 0
+        for _ in range(100):   # the refusal's backoff, then the call registers again
+            try:
+                assert (await c.match([key(1)])).matched == 0
+                break
+            except PermissionDeniedError:
+                await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("the client did not recover once the model was granted back")
         assert len(d.ledger.sessions) == 1
     finally:
         await c.close()
