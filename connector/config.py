@@ -22,6 +22,9 @@
 | kvkeeper_report | false | add {"kvkeeper": {...}} (hit tokens, saved blocks, namespace) to each request's kv_transfer_params |
 | kvkeeper_report_residency | true | report what vLLM's own KV cache holds to the daemon (residency.py: Locate, WatchEvents, Match's gpu tier) |
 | kvkeeper_peer | false | share this engine's KV cache with same-host engines of the same namespace, and load a prefix from theirs (connector/peer/; CPU build, TP 1, daemon on a unix socket; moves the KV cache into /dev/shm) |
+| kvkeeper_token_file | $KVKEEPER_TOKEN | a file holding the bearer token this engine presents (daemons with auth.tokens_file); else the token itself from $KVKEEPER_TOKEN; else none |
+| kvkeeper_tls | false | TLS to a host:port daemon, trusting the system's roots |
+| kvkeeper_tls_ca_file / _cert_file / _key_file | none | TLS with these PEM files: the CA that signed the daemon's certificate, and this engine's certificate and key for mutual TLS (cert and key go together); any of them turns TLS on |
 
 kv_role picks the directions: kv_producer saves only, kv_consumer loads only,
 kv_both does both.
@@ -35,9 +38,10 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
+from kvkeeper.client.auth import TLS, TLSLike, bearer_metadata
 from kvkeeper.client.checksum import DEFAULT as DEFAULT_CHECKSUM, NAMES as CHECKSUM_NAMES
 from kvkeeper.client.url import parse_url
 
@@ -117,6 +121,33 @@ def _url(v: Any) -> str:
     return v
 
 
+def _token(v: Any) -> str:
+    """A bearer token; the message never quotes it."""
+    try:
+        bearer_metadata(v)
+    except ValueError:
+        raise ValueError("the token must be one non-empty line without whitespace") from None
+    return str(v)
+
+
+def _token_file(v: Any) -> str:
+    """The token the file at path `v` holds (one line; surrounding whitespace ignored)."""
+    path = _text(v)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            token = fh.read().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read {path!r}: {e}") from None
+    return _token(token)
+
+
+def _pem_file(v: Any) -> str:
+    path = _text(v)
+    if not os.access(path, os.R_OK):
+        raise ValueError(f"{path!r} is not a readable file")
+    return path
+
+
 # key -> (field, parser, default); the default is parsed too. Fields without
 # a key (load, save) come from kv_role.
 _SPEC: Dict[str, Tuple[str, Callable[[Any], Any], Any]] = {
@@ -138,6 +169,11 @@ _SPEC: Dict[str, Tuple[str, Callable[[Any], Any], Any]] = {
     "kvkeeper_report": ("report", _bool, False),
     "kvkeeper_report_residency": ("report_residency", _bool, True),
     "kvkeeper_peer": ("peer", _bool, False),
+    "kvkeeper_token_file": ("token", _token_file, None),
+    "kvkeeper_tls": ("tls", _bool, False),
+    "kvkeeper_tls_ca_file": ("tls_ca_file", _pem_file, None),
+    "kvkeeper_tls_cert_file": ("tls_cert_file", _pem_file, None),
+    "kvkeeper_tls_key_file": ("tls_key_file", _pem_file, None),
 }
 KNOWN_KEYS = tuple(sorted(_SPEC))
 
@@ -161,8 +197,20 @@ class ConnectorConfig:
     report: bool = False
     report_residency: bool = True
     peer: bool = False
+    token: Optional[str] = field(default=None, repr=False)   # never in a log line
+    tls: bool = False
+    tls_ca_file: Optional[str] = None
+    tls_cert_file: Optional[str] = None
+    tls_key_file: Optional[str] = None
     load: bool = True
     save: bool = True
+
+    def client_tls(self) -> TLSLike:
+        """What the client library's tls= takes: None (plain), True (system roots) or TLS."""
+        files = (self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
+        if any(files):
+            return TLS(*files)
+        return True if self.tls else None
 
     @classmethod
     def from_extra(cls, extra: Optional[Mapping[str, Any]], kv_role: Optional[str] = None,
@@ -194,6 +242,14 @@ class ConnectorConfig:
                 fields[name] = parse(value)
             except ValueError as e:
                 raise ConfigError(f"kv_connector_extra_config {key}: {e}") from None
+        if "token" not in fields and env.get("KVKEEPER_TOKEN"):
+            try:
+                fields["token"] = _token(env["KVKEEPER_TOKEN"])
+            except ValueError as e:
+                raise ConfigError(f"KVKEEPER_TOKEN: {e}") from None
+        if bool(fields.get("tls_cert_file")) != bool(fields.get("tls_key_file")):
+            raise ConfigError("kv_connector_extra_config kvkeeper_tls_cert_file and "
+                              "kvkeeper_tls_key_file go together (mutual TLS needs both)")
         # A min above the (default) max raises the max: probing more often
         # than asked is not what the user meant.
         fields["reconnect_max_s"] = max(fields["reconnect_min_s"], fields["reconnect_max_s"])

@@ -110,6 +110,7 @@ class DaemonLink:
                  timeout: float, max_retries: int = 1, transport: str = "auto",
                  checksum: str = DEFAULT_CHECKSUM, reconnect_min_s: float = 0.1,
                  reconnect_max_s: float = 0.5, name: str = "kvkeeper",
+                 token: Optional[str] = None, tls: Any = None,
                  connect: Optional[Callable[..., Any]] = None,
                  clock: Callable[[], float] = time.monotonic,
                  wait: Callable[[threading.Event, float], bool] = _wait) -> None:
@@ -121,6 +122,7 @@ class DaemonLink:
         self._max_retries = max_retries
         self._transport = transport
         self._checksum = checksum
+        self._credentials = {"token": token, "tls": tls}   # client.auth: token=, tls=
         # Threads a large save or load copies with (client/copies.py; 0: auto);
         # set before the first connect, which passes it on.
         self.copy_threads = 0
@@ -230,7 +232,8 @@ class DaemonLink:
                                    timeout=self._timeout, transport=self._transport,
                                    checksum=self._checksum, max_retries=self._max_retries,
                                    copy_threads=self.copy_threads,
-                                   call_timeout=self._timeout * (self._max_retries + 2) + 1.0)
+                                   call_timeout=self._timeout * (self._max_retries + 2) + 1.0,
+                                   **self._credentials)
         except Exception as e:
             with self._lock:
                 self._connecting = False

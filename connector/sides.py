@@ -106,7 +106,8 @@ class SideBuilder:
         return DaemonLink(cfg.url, ns, instance_id=self._instance_id(what), timeout=timeout,
                           max_retries=cfg.max_retries, transport=cfg.transport,
                           checksum=cfg.checksum, reconnect_min_s=cfg.reconnect_min_s,
-                          reconnect_max_s=cfg.reconnect_max_s, name=f"kvkeeper[{what}]")
+                          reconnect_max_s=cfg.reconnect_max_s, name=f"kvkeeper[{what}]",
+                          token=cfg.token, tls=cfg.client_tls())
 
     def _model_id(self, cfg: ConnectorConfig) -> str:
         model = str(getattr(self._vllm_config.model_config, "model", "") or "")

@@ -76,3 +76,50 @@ def test_checksum_defaults_to_xxh3_and_crc32_and_none_stay() -> None:
         ["xxh3", "crc32", "none"]
     with pytest.raises(ConfigError, match="xxh3, crc32, none"):
         parse(kvkeeper_checksum="XXH3")
+
+
+def test_the_token_comes_from_its_file_or_the_environment_and_never_shows(tmp_path) -> None:
+    f = tmp_path / "token"
+    f.write_text("  tenant-a-0123456789abcdef\n")
+    c = parse(kvkeeper_token_file=str(f))
+    assert c.token == "tenant-a-0123456789abcdef"
+    assert "0123456789abcdef" not in repr(c)
+    env = {"KVKEEPER_TOKEN": "from-env-0123456789"}
+    assert ConnectorConfig.from_extra({"kvkeeper_url": "unix:///s"}, None, env=env).token == \
+        "from-env-0123456789"
+    # The file named in the config wins over the environment.
+    assert ConnectorConfig.from_extra({"kvkeeper_url": "unix:///s",
+                                       "kvkeeper_token_file": str(f)}, None,
+                                      env=env).token == "tenant-a-0123456789abcdef"
+    assert parse().token is None
+
+
+def test_a_token_that_cannot_be_read_or_sent_is_an_error_that_does_not_quote_it(
+        tmp_path) -> None:
+    with pytest.raises(ConfigError, match="kvkeeper_token_file: cannot read"):
+        parse(kvkeeper_token_file=str(tmp_path / "missing"))
+    bad = tmp_path / "bad"
+    bad.write_text("secret part\nsecond line\n")
+    with pytest.raises(ConfigError, match="kvkeeper_token_file: the token must be") as e:
+        parse(kvkeeper_token_file=str(bad))
+    assert "secret" not in str(e.value)
+    with pytest.raises(ConfigError, match="KVKEEPER_TOKEN") as e:
+        ConnectorConfig.from_extra({"kvkeeper_url": "unix:///s"}, None,
+                                   env={"KVKEEPER_TOKEN": "hidden part"})
+    assert "hidden" not in str(e.value)
+
+
+def test_tls_settings(tmp_path) -> None:
+    from kvkeeper.client.auth import TLS
+
+    pem = tmp_path / "x.pem"
+    pem.write_text("-----BEGIN CERTIFICATE-----\n")
+    assert parse().client_tls() is None
+    assert parse(kvkeeper_tls=True).client_tls() is True
+    assert parse(kvkeeper_tls_ca_file=str(pem)).client_tls() == TLS(ca_file=str(pem))
+    assert parse(kvkeeper_tls_cert_file=str(pem), kvkeeper_tls_key_file=str(pem)).client_tls() \
+        == TLS(cert_file=str(pem), key_file=str(pem))
+    with pytest.raises(ConfigError, match="go together"):
+        parse(kvkeeper_tls_cert_file=str(pem))
+    with pytest.raises(ConfigError, match="kvkeeper_tls_ca_file: .* is not a readable file"):
+        parse(kvkeeper_tls_ca_file=str(tmp_path / "missing.pem"))
