@@ -162,6 +162,9 @@ class ResidencyServicer(Sibling, rpb_grpc.KVKeeperResidencyServicer):
                     if log.last_seq != cursor:
                         break
                     await wake.wait()
+                # Asked again before each batch: a reload may have taken the
+                # namespace's model from this token since the call began.
+                self._namespace(request, context, required=False)
                 replay = log.since(cursor)
                 if replay.lost:
                     # Dropped from the buffer while this call lagged behind.

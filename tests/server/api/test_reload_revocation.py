@@ -128,3 +128,30 @@ async def test_the_client_of_a_revoked_session_gets_a_clear_error_and_recovers_w
         assert len(d.ledger.sessions) == 1
     finally:
         await c.close()
+
+
+async def test_a_watch_of_events_ends_once_its_token_lost_the_model(daemon_factory: Any,
+                                                                    tmp_path: Any) -> None:
+    """WatchEvents checks the token when it starts; after a reload took the
+    model away, the next batch is refused rather than sent."""
+    from kvkeeper.v1 import residency_pb2 as rpb
+    from kvkeeper.v1 import residency_pb2_grpc as rpb_grpc
+
+    d, path = await with_tokens(daemon_factory, tmp_path)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{d.port}") as ch:
+        raw = pb_grpc.KVKeeperStub(ch)
+        ops = Tokened(raw, TOKEN_OPS)
+        other = await register(raw, TOKEN_OPS, "model-a")
+        call = rpb_grpc.KVKeeperResidencyStub(ch).WatchEvents(
+            rpb.WatchEventsRequest(descriptor=pb.NamespaceDescriptor(
+                model_id="model-a", block_tokens=32, block_bytes=PAGE)), metadata=md(TOKEN_A))
+        await call.read()                                   # the head
+        await save(ops, other, [key(1)], b"a")
+        got = await asyncio.wait_for(call.read(), 5)
+        assert [bytes(k) for e in got.events for k in e.keys] == [key(1)]
+        path.write_text(path.read_text().replace('models = ["model-a"]', 'models = ["model-c"]'))
+        d.reload(d.config)
+        await save(ops, other, [key(2)], b"b")
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await asyncio.wait_for(call.read(), 5)
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
