@@ -159,6 +159,12 @@ class AsyncClient:
         return self._session.id
 
     @property
+    def refused(self) -> bool:
+        """Whether the daemon refused to register this client's lost session
+        again, and its backoff holds (refusal.py): calls fail without an RPC."""
+        return self._session.refusal.holds()
+
+    @property
     def namespace(self) -> pb.NamespaceDescriptor:
         return self._session.namespace
 

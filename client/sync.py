@@ -241,6 +241,8 @@ class Client:
         asked for (an older daemon: that path Loads them; this lease is
         released first)."""
         ac = self._aclient
+        if ac.refused:   # the async path raises the refusal without an RPC
+            return None
         kb = ac.key_bytes
         keys = check_keys(keys, kb)
         if not keys:

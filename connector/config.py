@@ -137,7 +137,9 @@ def _token_file(v: Any) -> str:
         with open(path, encoding="utf-8") as fh:
             token = fh.read().strip()
     except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read {path!r}: {e}") from None
+        # Not the path: someone may have put the token itself where the path goes.
+        why = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
+        raise ValueError(f"cannot read the file it names: {why}") from None
     return _token(token)
 
 
@@ -247,6 +249,10 @@ class ConnectorConfig:
                 fields["token"] = _token(env["KVKEEPER_TOKEN"])
             except ValueError as e:
                 raise ConfigError(f"KVKEEPER_TOKEN: {e}") from None
+        tls = fields.get("tls") or any(fields.get(f"tls_{k}_file") for k in ("ca", "cert", "key"))
+        if tls and parse_url(fields["url"]).kind == "unix":
+            raise ConfigError("kvkeeper_tls*: TLS is for a host:port daemon; a unix socket "
+                              f"({fields['url']}) takes none: drop the kvkeeper_tls* keys")
         if bool(fields.get("tls_cert_file")) != bool(fields.get("tls_key_file")):
             raise ConfigError("kv_connector_extra_config kvkeeper_tls_cert_file and "
                               "kvkeeper_tls_key_file go together (mutual TLS needs both)")

@@ -60,6 +60,7 @@ import grpc
 
 from kvkeeper.client import Client, KVKeeperClientError
 from kvkeeper.client.checksum import DEFAULT as DEFAULT_CHECKSUM
+from kvkeeper.client.refusal import REFUSED_CODES, REFUSED_MAX_S, REFUSED_MIN_S
 
 __all__ = ["DaemonLink", "LinkDown", "is_transport_failure"]
 
@@ -163,10 +164,11 @@ class DaemonLink:
         c = self._client
         return c.session_id if c is not None else ""
 
-    def _backoff(self, now: float) -> float:
-        delay = self._delay
+    def _backoff(self, now: float, refused: bool = False) -> float:
+        # Refused (the token, the session limit): asking again soon gets the same answer.
+        delay = max(self._delay, REFUSED_MIN_S) if refused else self._delay
         self._not_before = now + delay
-        self._delay = min(self._max, delay * 2)
+        self._delay = min(REFUSED_MAX_S if refused else self._max, delay * 2)
         return delay
 
     def _ok(self) -> None:
@@ -179,11 +181,10 @@ class DaemonLink:
 
     def _report(self, what: str, exc: BaseException, delay: float) -> None:
         if not self._failing:
-            log.warning("%s: %s failed (%s); continuing without the daemon, probing it every "
-                        "%.1f-%.1f s", self.name, what, exc, delay, self._max)
+            log.warning("%s: %s failed (%s); continuing without the daemon, trying again in "
+                        "%.1f s and backing off", self.name, what, exc, delay)
         else:
-            log.debug("%s: %s failed again (%s); next try in %.1f s", self.name, what, exc,
-                      delay)
+            log.debug("%s: %s failed again (%s); next try in %.1f s", self.name, what, exc, delay)
         self._failing = True
 
     # ---- the breaker and its watcher
@@ -237,7 +238,7 @@ class DaemonLink:
         except Exception as e:
             with self._lock:
                 self._connecting = False
-                delay = self._backoff(self._clock())
+                delay = self._backoff(self._clock(), getattr(e, "code", None) in REFUSED_CODES)
                 self._report("connecting", e, delay)
             raise
         with self._lock:

@@ -288,7 +288,7 @@ class Daemon:
         self.watch.storm.threshold = sc.eviction_storm_blocks
         self.gc.set_interval(sc.gc_freeze_interval_seconds, time.monotonic())
         if table is not None and self.auth is not None:
-            revoked = plan_revocations(self.ledger.sessions.values(), table)
+            revoked = plan_revocations(self.ledger.sessions.values(), table, self.tokens)
             self.tokens = self.auth.table = table
             self.ledger.quotas = dict(table.quotas)
             self.ledger.revoke(log_revocations(revoked))   # their calls now fail, not later

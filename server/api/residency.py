@@ -132,6 +132,9 @@ class ResidencyServicer(Sibling, rpb_grpc.KVKeeperResidencyServicer):
     async def WatchEvents(self, request: rpb.WatchEventsRequest,
                           context: Any) -> AsyncIterator[rpb.WatchEventsResponse]:
         ns = self._namespace(request, context, required=False)
+        known = self.ledger.namespaces.get(ns) if ns is not None else None
+        model = (request.descriptor.model_id if request.WhichOneof("namespace") == "descriptor"
+                 else known.descriptor.model_id if known is not None else "*")
         log = self.log
         restarted = request.resume and request.epoch != log.epoch
         cursor = request.after_seq if request.resume and not restarted else log.last_seq
@@ -164,7 +167,7 @@ class ResidencyServicer(Sibling, rpb_grpc.KVKeeperResidencyServicer):
                     await wake.wait()
                 # Asked again before each batch: a reload may have taken the
                 # namespace's model from this token since the call began.
-                self._namespace(request, context, required=False)
+                self._authorize(context, model)
                 replay = log.since(cursor)
                 if replay.lost:
                     # Dropped from the buffer while this call lagged behind.

@@ -186,7 +186,7 @@ class AuthPolicy:
         elif not self.table.grants and (tls_subject or not self.mutual_tls):
             if tls_subject:
                 return Caller(f"client certificate {tls_subject}", None, True,
-                              Identity(f"mtls:{tls_subject}"))
+                              Identity(identity.MTLS_PREFIX + tls_subject))
             return Caller("tcp (no authentication configured)", None, True, identity.TCP)
         raise errors.Unauthenticated(
             "this listener needs a bearer token: send the metadata 'authorization: Bearer "

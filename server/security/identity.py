@@ -21,6 +21,7 @@ from ..ids import Identity
 SOCKET = Identity("socket")
 TCP = Identity("tcp")
 TOKEN_PREFIX = "token:"
+MTLS_PREFIX = "mtls:"
 
 CURRENT: ContextVar[Optional[Identity]] = ContextVar("kvkeeper_identity", default=None)
 
@@ -50,7 +51,7 @@ def for_connection(context: Any) -> Identity:
     if (context.peer() or "").startswith("unix:"):
         return SOCKET
     subject = tls_subject(context)
-    return Identity(f"mtls:{subject}") if subject else TCP
+    return Identity(MTLS_PREFIX + subject) if subject else TCP
 
 
 def of(context: Any) -> Identity:

@@ -96,8 +96,9 @@ def test_the_token_comes_from_its_file_or_the_environment_and_never_shows(tmp_pa
 
 def test_a_token_that_cannot_be_read_or_sent_is_an_error_that_does_not_quote_it(
         tmp_path) -> None:
-    with pytest.raises(ConfigError, match="kvkeeper_token_file: cannot read"):
-        parse(kvkeeper_token_file=str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="kvkeeper_token_file: cannot read") as e:
+        parse(kvkeeper_token_file="a-token-put-where-the-path-goes")
+    assert "a-token" not in str(e.value)
     bad = tmp_path / "bad"
     bad.write_text("secret part\nsecond line\n")
     with pytest.raises(ConfigError, match="kvkeeper_token_file: the token must be") as e:
@@ -112,6 +113,10 @@ def test_a_token_that_cannot_be_read_or_sent_is_an_error_that_does_not_quote_it(
 def test_tls_settings(tmp_path) -> None:
     from kvkeeper.client.auth import TLS
 
+    def parse(**extra):   # TLS needs a host:port daemon
+        return ConnectorConfig.from_extra({"kvkeeper_url": "10.0.0.1:50051", **extra}, None,
+                                          env={})
+
     pem = tmp_path / "x.pem"
     pem.write_text("-----BEGIN CERTIFICATE-----\n")
     assert parse().client_tls() is None
@@ -123,3 +128,6 @@ def test_tls_settings(tmp_path) -> None:
         parse(kvkeeper_tls_cert_file=str(pem))
     with pytest.raises(ConfigError, match="kvkeeper_tls_ca_file: .* is not a readable file"):
         parse(kvkeeper_tls_ca_file=str(tmp_path / "missing.pem"))
+    with pytest.raises(ConfigError, match="unix socket"):
+        ConnectorConfig.from_extra({"kvkeeper_url": "unix:///s", "kvkeeper_tls": True}, None,
+                                   env={})

@@ -4,8 +4,9 @@ from __future__ import annotations
 from kvkeeper.server.ids import HOST, LOCAL, Identity
 from kvkeeper.server.ledger import Ledger, LedgerConfig, NamespaceDescriptor, TierSpec
 from kvkeeper.server.security.identity import SOCKET, TCP, for_token
-from kvkeeper.server.security.revocation import (MODEL_REMOVED, TOKEN_REMOVED,
-                                                 log_revocations, plan_revocations)
+from kvkeeper.server.security.revocation import (AUTH_TURNED_ON, MODEL_REMOVED, TOKEN_REMOVED,
+                                                 TOKEN_ROTATED, log_revocations,
+                                                 plan_revocations)
 from kvkeeper.server.security.tokens import parse_tokens
 
 
@@ -26,8 +27,9 @@ def test_the_plan_names_sessions_whose_token_went_or_no_longer_covers_them(caplo
             owner=owner).id
     # a keeps m2 only; b keeps every model; c is gone.
     plan = plan_revocations(led.sessions.values(), table(a=["m2"], b=["*"]))
-    got = {(r.session, r.token, r.model, r.why) for r in plan}
-    assert got == {(reg["a1"], "a", "m1", MODEL_REMOVED), (reg["c1"], "c", "m1", TOKEN_REMOVED)}
+    got = {(r.session, r.holder, r.model, r.why) for r in plan}
+    assert got == {(reg["a1"], "token a", "m1", MODEL_REMOVED),
+                   (reg["c1"], "token c", "m1", TOKEN_REMOVED)}
     # Planning changes nothing; the same table again plans the same.
     assert len(led.sessions) == 8
     assert plan_revocations(led.sessions.values(), table(a=["m2"], b=["*"])) == plan
@@ -37,3 +39,31 @@ def test_the_plan_names_sessions_whose_token_went_or_no_longer_covers_them(caplo
     assert "no longer covers" in caplog.text and "-0123456789abcdef" not in caplog.text
     # A table that covers everyone plans nothing.
     assert plan_revocations(led.sessions.values(), table(a=["*"], b=["*"], c=["m1"])) == []
+
+
+def sessions_of(owners):
+    led = Ledger(LedgerConfig(tiers=[TierSpec(HOST, 800, 100)]))
+    return led, {str(o): led.register_session(
+        "x", NamespaceDescriptor(model_id="m", block_tokens=4, block_bytes=100), 0.0,
+        owner=o).id for o in owners}
+
+
+def test_a_rotated_secret_ends_the_sessions_of_the_old_one() -> None:
+    led, reg = sessions_of([for_token("a"), for_token("b")])
+    old = table(a=["*"], b=["*"])
+    rotated = parse_tokens({"tokens": {
+        "a": {"token": "a-rotated-0123456789abcdef", "models": ["*"]},
+        "b": {"token": "b-0123456789abcdef", "models": ["*"]}}})
+    plan = plan_revocations(led.sessions.values(), rotated, old)
+    assert [(r.session, r.why) for r in plan] == [(reg["token:a"], TOKEN_ROTATED)]
+    assert plan_revocations(led.sessions.values(), old, old) == []
+
+
+def test_defining_the_first_token_ends_the_sessions_that_came_in_without_one() -> None:
+    led, reg = sessions_of([TCP, Identity("mtls:CN=x"), SOCKET, for_token("a")])
+    none = parse_tokens({"quotas": {"*": "1GiB"}})
+    plan = plan_revocations(led.sessions.values(), table(a=["*"]), none)
+    assert {(r.session, r.why) for r in plan} == {(reg["tcp"], AUTH_TURNED_ON),
+                                                  (reg["mtls:CN=x"], AUTH_TURNED_ON)}
+    # Tokens before and after: TCP sessions could not exist; none planned by kind.
+    assert plan_revocations(led.sessions.values(), table(a=["*"]), table(a=["*"])) == []
