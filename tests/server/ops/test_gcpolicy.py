@@ -87,7 +87,9 @@ def test_ticks_come_every_interval_and_refreeze_what_is_new() -> None:
     frozen = gc.get_freeze_count()
     new = [Node() for _ in range(500)]
     assert not p.due(11.9) and p.tick(11.9) is None
-    assert gc.get_freeze_count() == frozen        # new objects are not frozen yet
+    # New objects are not frozen yet. Not "==": frozen objects other threads
+    # free meanwhile leave the permanent generation (CI: 2 fewer, once).
+    assert gc.get_freeze_count() < frozen + len(new)
     report = p.tick(12.0)
     assert report is not None and p.ticks == 2    # settle counts as the first
     assert gc.get_freeze_count() >= frozen + len(new)
