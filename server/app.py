@@ -343,14 +343,14 @@ class Daemon:
 
 
 def _lower_tiers(config: Config, ledger: Ledger) -> list[LowerTier]:
-    """The tiers below the arena that the configuration names, in lookup order:
-    the host's disk, then the cluster the hosts share."""
+    """The tiers below the arena the config names, in lookup order: disk, then cluster."""
     tiers: list[LowerTier] = []
     dt = config.disk_tier
     if dt.path:
         tiers.append(DiskTier.open(ledger, path=dt.path, capacity_bytes=dt.capacity_bytes,
-                                   write_policy=dt.write_policy,
-                                   admit_after_hits=dt.admit_after_hits, owner_id=dt.owner_id))
+                                   write_policy=dt.write_policy, owner_id=dt.owner_id,
+                                   admit_after_hits=dt.admit_after_hits,
+                                   shared_capacity_bytes=dt.shared_capacity_bytes))
     if config.cluster_tier.url:
         # Here: the redis client takes ~0.5 s to import, a cost only a daemon using it pays.
         from .tiers.cluster.settings import open_cluster_tier

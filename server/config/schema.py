@@ -86,6 +86,9 @@ class DiskTierSection:
                                  "many times (0: every block)", min=0, max=1 << 20)
     owner_id: str = _opt("", "shm_name", "this daemon's name in a shared directory (pins, GC "
                          "lock); \"\" means <hostname>-<pid>")
+    shared_capacity_bytes: int = _opt(0, "size", "a directory several daemons share: its GC "
+                                      "owner keeps all their block files within this, deleting "
+                                      "the least recently used; 0: off", min=0)
 
 
 @dataclass(frozen=True)

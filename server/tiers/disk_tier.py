@@ -28,6 +28,7 @@ from ..ledger.pages import Pages
 from .backend import BlockStore, Checksum, Reach, copy_block, in_views, out_views
 from .disk import (DiskFull, DiskIOError, DiskStore, RecoveryReport, TierError, VerifyReport,
                    check_ns_key)
+from .disk.collect import CollectReport, collect
 from .stack import TierCounter
 
 log = logging.getLogger("kvkeeper.disk")
@@ -48,7 +49,11 @@ SERIES: tuple[tuple[str, str, str], ...] = (
     ("disk_flush_failures", "counter", "Blocks that could not be written to the disk tier."),
     ("disk_recovery_seconds", "gauge", "Time the disk tier took to rebuild its index at start-up."),
     ("disk_recovered_blocks", "gauge", "Blocks found on disk at start-up."),
+    ("disk_collected_blocks", "counter", "Block files the GC owner deleted to keep a shared "
+     "directory within disk_tier.shared_capacity_bytes."),
 )
+# How often the GC owner lists a shared directory (disk_tier.shared_capacity_bytes).
+COLLECT_INTERVAL_S = 60.0
 
 
 def default_owner() -> str:
@@ -115,10 +120,16 @@ class DiskTier:
 
     def __init__(self, store: DiskStore, book: DiskIndex, *, write_policy: str,
                  admit_after_hits: int, recovery: RecoveryReport,
-                 clock: Callable[[], float] = time.monotonic, threads: int = 4) -> None:
+                 clock: Callable[[], float] = time.monotonic, threads: int = 4,
+                 shared_capacity_bytes: int = 0) -> None:
         self.store = store
+        # 0: no collection across daemons; else the directory's budget (collect.py).
+        self.shared_capacity_bytes = shared_capacity_bytes
+        store.touch_reads = shared_capacity_bytes > 0
+        self._last_collect = -1e9
         self.backend = DiskBackend(store, book.capacity_bytes)
-        # The ledger keeps this book; the tier reads it only for its tests and tools.
+        # The ledger keeps this book; the tier reads it only for its tests and tools,
+        # and for what a shared collection must leave to it (collect_shared).
         self.index = book
         self.write_back = write_policy == "write-back"
         self.admit_after_hits = admit_after_hits
@@ -131,7 +142,8 @@ class DiskTier:
 
     @classmethod
     def open(cls, ledger: Ledger, *, path: str, capacity_bytes: int, write_policy: str,
-             admit_after_hits: int, owner_id: str = "") -> "DiskTier":
+             admit_after_hits: int, owner_id: str = "",
+             shared_capacity_bytes: int = 0) -> "DiskTier":
         """Open the directory and give the ledger the tier's book, rebuilt from
         the files (blocking: start-up only)."""
         store, report = DiskStore.open(path, owner_id=owner_id or default_owner())
@@ -150,7 +162,7 @@ class DiskTier:
                  "%d quarantined", path, report.blocks, report.bytes, report.seconds,
                  report.tmp_removed, report.quarantined)
         tier = cls(store, book, write_policy=write_policy, admit_after_hits=admit_after_hits,
-                   recovery=report)
+                   recovery=report, shared_capacity_bytes=shared_capacity_bytes)
         tier._gc_tick()
         return tier
 
@@ -246,6 +258,32 @@ class DiskTier:
         except DiskIOError as e:
             self.gc_owner = False
             log.warning("disk tier GC lease: %s", e)
+        if (self.gc_owner and self.shared_capacity_bytes
+                and self.clock() - self._last_collect >= COLLECT_INTERVAL_S):
+            self._last_collect = self.clock()
+            self.collect_shared()
+
+    def collect_shared(self) -> CollectReport:
+        """Delete least recently used files of a shared directory beyond its budget
+        (blocking; the GC owner's, see collect.py)."""
+        st = self.store
+        try:
+            # The book's dict is the event loop's: a membership test from this
+            # thread is safe, and a stale answer costs one miss or one pass's delay.
+            book = self.index.entries
+            report = collect(st.layout, self.shared_capacity_bytes,
+                             held=lambda ns, key: (ns, key) in book,
+                             delete=lambda ns, key: st.delete_if_unpinned(ns, key, st.owner_id))
+        except OSError as e:
+            log.warning("disk tier: collecting the shared directory failed: %s", e)
+            return CollectReport()
+        st.collected += report.deleted
+        if report.deleted or report.bytes > self.shared_capacity_bytes:
+            log.info("disk tier: shared directory %s held %d B in %d files (budget %d B); "
+                     "deleted %d least recently used (%d B), %d kept as pinned, in %.2fs",
+                     st.root, report.bytes, report.files, self.shared_capacity_bytes,
+                     report.deleted, report.freed, report.kept_pinned, report.seconds)
+        return report
 
     def verify_all(self, progress: Callable[[int, int], None]) -> VerifyReport:
         """Re-check every stored block (blocking; admin's Verify)."""
@@ -267,7 +305,7 @@ class DiskTier:
         st = self.store
         values = (st.bytes_read, st.bytes_written, st.io_errors, st.checksum_failures,
                   st.quarantined, st.gc_runs, self.flush_failures, self.recovery.seconds,
-                  self.recovery.blocks)
+                  self.recovery.blocks, st.collected)
         return [TierCounter(name, kind, text, v) for (name, kind, text), v in zip(SERIES, values)]
 
     def errors(self) -> dict[str, int]:

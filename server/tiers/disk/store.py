@@ -78,6 +78,8 @@ class DiskStore:
         self.checksum_failures = 0
         self.quarantined = 0
         self.gc_runs = 0
+        self.collected = 0        # files deleted to keep a shared directory in its budget
+        self.touch_reads = False  # set a block file's mtime when it is read (collect.py)
 
     # ------------------------------------------------------------ open / recovery
 
@@ -189,6 +191,11 @@ class DiskStore:
         finally:
             os.close(fd)
         self._count_read(ns, key, h.payload_bytes)
+        if self.touch_reads:   # its mtime is its last use, for a shared collection (collect.py)
+            try:
+                os.utime(path)
+            except OSError:
+                pass   # deleted meanwhile, or a read-only mount: only the order suffers
         return h.algo, h.checksum
 
     def read(self, ns: bytes, key: bytes) -> bytes:

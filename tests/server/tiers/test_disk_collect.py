@@ -1,0 +1,107 @@
+"""A directory several daemons share stays within disk_tier.shared_capacity_bytes
+(server/tiers/disk/collect.py): the GC owner deletes the least recently used
+block files its own book does not hold and nobody pins."""
+from __future__ import annotations
+
+import os
+import time
+
+from disk_helpers import NS, NS2, key, open_store
+from kvkeeper.server.ledger.disk_index import DiskIndex
+from kvkeeper.server.tiers.disk import HEADER_BYTES, NotStored, RecoveryReport
+from kvkeeper.server.tiers.disk.collect import collect, list_blocks
+from kvkeeper.server.tiers.disk_tier import DiskTier
+
+SIZE = 1000
+FILE = HEADER_BYTES + SIZE
+
+
+def aged(store, ns, k, age_s: float) -> None:
+    """Write block (ns, k) as if `age_s` seconds ago."""
+    store.write(ns, k, bytes(SIZE))
+    t = time.time() - age_s
+    os.utime(store.block_path(ns, k), (t, t))
+
+
+def names(store) -> set:
+    return {os.path.basename(p)[:-4] for _, _, p in list_blocks(store.layout)}
+
+
+def test_the_oldest_foreign_files_go_until_the_directory_fits(tmp_path) -> None:
+    owner, other = open_store(tmp_path, owner="gc-owner"), open_store(tmp_path, owner="other")
+    for i in range(6):                          # another daemon's files, oldest first
+        aged(other, NS2 if i % 2 else NS, key(i), 600 - i * 60)
+    aged(owner, NS, key(100), 1000)             # the oldest, but the owner's book holds it
+    book = {(NS, key(100))}
+    other.pin(NS, key(0), "other", ttl_s=300)   # the oldest foreign one, being read
+    report = collect(owner.layout, 4 * FILE, held=lambda ns, k: (ns, k) in book,
+                     delete=lambda ns, k: owner.delete_if_unpinned(ns, k, owner.owner_id))
+    assert (report.files, report.bytes) == (7, 7 * FILE)
+    assert (report.deleted, report.freed, report.kept_pinned) == (3, 3 * FILE, 1)
+    # Left: the owner's own, the pinned one, and the two most recent foreign ones.
+    assert names(owner) == {key(100).hex(), key(0).hex(), key(4).hex(), key(5).hex()}
+    assert owner.read(NS, key(100)) == bytes(SIZE)
+    try:
+        other.read(NS2, key(1))
+    except NotStored:
+        pass                                    # a miss for the daemon that listed it
+    else:
+        raise AssertionError("a collected file was still read")
+    # Within budget: a second pass deletes nothing.
+    again = collect(owner.layout, 4 * FILE, held=lambda ns, k: False,
+                    delete=lambda ns, k: owner.delete_if_unpinned(ns, k, owner.owner_id))
+    assert again.deleted == 0 and again.files == 4
+
+
+def test_a_read_makes_a_file_recent(tmp_path) -> None:
+    owner, other = open_store(tmp_path, owner="gc-owner"), open_store(tmp_path, owner="other")
+    for i in range(3):
+        aged(other, NS, key(i), 300 - i * 60)   # key(0) the oldest
+    other.touch_reads = True
+    out = bytearray(SIZE)
+    other.read_into(NS, key(0), out)            # read now: the most recent
+    collect(owner.layout, 2 * FILE, held=lambda ns, k: False,
+            delete=lambda ns, k: owner.delete_if_unpinned(ns, k, owner.owner_id))
+    assert names(owner) == {key(0).hex(), key(2).hex()}
+
+
+def test_the_gc_owner_collects_on_its_tick_and_counts_it(tmp_path) -> None:
+    other = open_store(tmp_path, owner="other")
+    for i in range(5):
+        aged(other, NS, key(i), 500 - i * 60)
+    s = open_store(tmp_path, owner="gc-owner")    # found all five at start-up
+    book = DiskIndex(1 << 30)
+    book.adopt(NS, key(0), SIZE)                  # its book took the oldest only
+    clock = [1000.0]
+    tier = DiskTier(s, book, write_policy="write-through", admit_after_hits=0,
+                    recovery=RecoveryReport(), threads=1, clock=lambda: clock[0],
+                    shared_capacity_bytes=2 * FILE)
+    try:
+        assert s.touch_reads
+        tier._gc_tick()                           # takes the GC lease, then collects
+        assert tier.gc_owner and s.collected == 3
+        assert names(s) == {key(0).hex(), key(4).hex()}
+        aged(other, NS, key(9), 0)
+        clock[0] += 10                            # not yet the next collection
+        tier._gc_tick()
+        assert s.collected == 3
+        clock[0] += 60
+        tier._gc_tick()
+        assert s.collected == 4 and names(s) == {key(0).hex(), key(9).hex()}
+        series = {c.name: c.value for c in tier.counters()}
+        assert series["disk_collected_blocks"] == 4
+    finally:
+        tier.pool.shutdown()
+
+
+def test_off_by_default(tmp_path) -> None:
+    s = open_store(tmp_path, owner="gc-owner")
+    for i in range(3):
+        aged(s, NS, key(i), 100)
+    tier = DiskTier(s, DiskIndex(1 << 30), write_policy="write-through", admit_after_hits=0,
+                    recovery=RecoveryReport(), threads=1)
+    try:
+        tier._gc_tick()
+        assert not s.touch_reads and s.collected == 0 and len(names(s)) == 3
+    finally:
+        tier.pool.shutdown()
