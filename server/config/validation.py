@@ -48,6 +48,13 @@ def validate(c: Config) -> None:
             parse_address(c.listen.tcp)[1] != 0:
         raise _fail(c, "metrics.address", f"the same address as listen.tcp (from "
                     f"{c.source_of('listen.tcp')}); pick another port", c.metrics.address)
+    dt = c.disk_tier
+    if dt.shared_capacity_bytes and not 0 < dt.capacity_bytes <= dt.shared_capacity_bytes:
+        raise _fail(c, "disk_tier.shared_capacity_bytes",
+                    "the directory's budget must hold this daemon's own share: set "
+                    "disk_tier.capacity_bytes (from "
+                    f"{c.source_of('disk_tier.capacity_bytes')}) to a size no larger than it",
+                    dt.shared_capacity_bytes)
     ct = c.cluster_tier
     if ct.url:
         try:

@@ -28,7 +28,7 @@ from ..ledger.pages import Pages
 from .backend import BlockStore, Checksum, Reach, copy_block, in_views, out_views
 from .disk import (DiskFull, DiskIOError, DiskStore, RecoveryReport, TierError, VerifyReport,
                    check_ns_key)
-from .disk.collect import CollectReport, collect
+from .disk.collect import CollectReport, Victims, collect
 from .stack import TierCounter
 
 log = logging.getLogger("kvkeeper.disk")
@@ -125,8 +125,8 @@ class DiskTier:
         self.store = store
         # 0: no collection across daemons; else the directory's budget (collect.py).
         self.shared_capacity_bytes = shared_capacity_bytes
-        store.touch_reads = shared_capacity_bytes > 0
-        self._last_collect = -1e9
+        self._last_collect = clock()   # the first pass a while after start-up, not in it
+        self._over_budget = False     # for logging: warn once while a pass cannot get under
         self.backend = DiskBackend(store, book.capacity_bytes)
         # The ledger keeps this book; the tier reads it only for its tests and tools,
         # and for what a shared collection must leave to it (collect_shared).
@@ -200,6 +200,8 @@ class DiskTier:
         """Copy a stored block into another tier (blocking); returns the checksum
         its writer committed, which the file keeps. TierError when the copy is
         unreadable: NotStored (gone), CorruptBlock, DiskIOError."""
+        if self.shared_capacity_bytes:   # its mtime is its last use (collect.py)
+            self.store.touch(loc.ns, loc.key)
         if not self.store.remote:
             # On a local filesystem a file deleted mid-read stays readable
             # through its open descriptor: no pin needed (one saved a tmp file,
@@ -265,25 +267,44 @@ class DiskTier:
 
     def collect_shared(self) -> CollectReport:
         """Delete least recently used files of a shared directory beyond its budget
-        (blocking; the GC owner's, see collect.py)."""
+        (blocking; the GC owner's, see collect.py). Never raises: a file that
+        cannot go is counted and the pass goes on."""
         st = self.store
+        # The book's dict is the event loop's: a membership test from this
+        # thread is safe, and a stale answer costs one miss or one pass's delay.
+        book = self.index.entries
+        owner = st.owner_id
+        victims = Victims(held=lambda ns, key: (ns, key) in book,
+                          pinned=lambda ns, key: st.pinned_by_others(ns, key, owner),
+                          forget=st.forget, tmp_path=st.new_tmp_path)
         try:
-            # The book's dict is the event loop's: a membership test from this
-            # thread is safe, and a stale answer costs one miss or one pass's delay.
-            book = self.index.entries
-            report = collect(st.layout, self.shared_capacity_bytes,
-                             held=lambda ns, key: (ns, key) in book,
-                             delete=lambda ns, key: st.delete_if_unpinned(ns, key, st.owner_id))
-        except OSError as e:
+            report = collect(st.layout, self.shared_capacity_bytes, victims, self._still_owner)
+        except (OSError, TierError) as e:
             log.warning("disk tier: collecting the shared directory failed: %s", e)
             return CollectReport()
         st.collected += report.deleted
-        if report.deleted or report.bytes > self.shared_capacity_bytes:
+        if report.deleted:
             log.info("disk tier: shared directory %s held %d B in %d files (budget %d B); "
-                     "deleted %d least recently used (%d B), %d kept as pinned, in %.2fs",
+                     "deleted %d least recently used (%d B) in %.2fs",
                      st.root, report.bytes, report.files, self.shared_capacity_bytes,
-                     report.deleted, report.freed, report.kept_pinned, report.seconds)
+                     report.deleted, report.freed, report.seconds)
+        over = report.bytes - report.freed > self.shared_capacity_bytes
+        if over and not self._over_budget:
+            log.warning("disk tier: shared directory %s stays over its budget (%d B): what is "
+                        "left is held by this daemon's book (%d B; capacity_bytes), pinned "
+                        "(%d) or could not be deleted (%d: %s)", st.root,
+                        self.shared_capacity_bytes, self.index.used_bytes, report.kept_pinned,
+                        report.errors, report.last_error or "-")
+        self._over_budget = over
         return report
+
+    def _still_owner(self) -> bool:
+        """A long pass renews the GC lease as it goes; it stops once another holds it."""
+        try:
+            self.gc_owner = self.store.gc_lock.try_acquire(self.store.owner_id, GC_LEASE_S)
+        except DiskIOError:
+            self.gc_owner = False
+        return self.gc_owner
 
     def verify_all(self, progress: Callable[[int, int], None]) -> VerifyReport:
         """Re-check every stored block (blocking; admin's Verify)."""

@@ -11,9 +11,12 @@ daemon touches a file it reads) that its own book does not hold and that no
 other daemon pins. Its own book's files go the usual way, when that book
 evicts them (files found at start-up beyond the book's capacity are not in it).
 
-Another daemon whose book still lists a deleted file reads it as gone
-(NotStored): a miss, never wrong bytes. A file rewritten after the listing
-(its mtime moved) is left for the next pass.
+A victim is taken by renaming it to a private name first, then checked: the
+file captured must be the one listed (same inode and mtime) and still not in
+the owner's book; otherwise it is linked back (a save that renamed a new copy
+into place after the listing keeps it). So a collection never removes a copy
+acknowledged after its listing. Another daemon whose book still lists a
+deleted file reads it as gone (NotStored): a miss, never wrong bytes.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from .fileio import RDONLY
 from .header import HEADER_FIELDS_BYTES, parse_header
 from .layout import BLOCK_SUFFIX, Layout, subdirs
 
-__all__ = ["CollectReport", "collect", "list_blocks"]
+__all__ = ["CHECK_EVERY", "CollectReport", "Victims", "collect", "list_blocks"]
 
 
 @dataclass
@@ -36,15 +39,19 @@ class CollectReport:
     deleted: int = 0
     freed: int = 0            # bytes
     kept_pinned: int = 0      # candidates another daemon was reading
+    errors: int = 0           # files that could not be deleted
+    last_error: str = ""
     seconds: float = 0.0
 
 
-Listed = tuple[float, int, str]   # (mtime, file bytes, path)
+# How often a pass asks whether to go on (and its owner renews its GC lease).
+CHECK_EVERY = 1024
+TAKEN, GONE, KEPT = "taken", "gone", "kept"
 
 
-def list_blocks(layout: Layout) -> Iterator[Listed]:
-    """Every block file under the layout, with its mtime and size (one stat
-    each; no file is opened)."""
+def list_blocks(layout: Layout) -> Iterator[tuple[str, os.stat_result]]:
+    """Every block file under the layout, with its stat (one stat each; no
+    file is opened)."""
     for ns_dir in subdirs(layout.blocks_dir, 16):
         leaves = subdirs(ns_dir.path, 2)
         for _ in range(layout.fanout_levels - 1):
@@ -57,10 +64,10 @@ def list_blocks(layout: Layout) -> Iterator[Listed]:
                 continue
             for e in entries:
                 try:
-                    st = e.stat(follow_symlinks=False)
+                    st = os.stat(e.path, follow_symlinks=False)   # with the inode number
                 except FileNotFoundError:
                     continue   # deleted by another daemon meanwhile
-                yield st.st_mtime, st.st_size, e.path
+                yield e.path, st
 
 
 def _identity(path: str) -> Optional[tuple[bytes, bytes]]:
@@ -78,34 +85,72 @@ def _identity(path: str) -> Optional[tuple[bytes, bytes]]:
     return None if h is None else (h[0], h[1])
 
 
-def collect(layout: Layout, budget_bytes: int, *, held: Callable[[bytes, bytes], bool],
-            delete: Callable[[bytes, bytes], Optional[int]]) -> CollectReport:
+class Victims:
+    """What a pass may delete, and how, for one owner: `held(ns, key)` (its book
+    holds the block: the book's to evict), `pinned(ns, key)` (another daemon
+    is reading it), `forget(ns, key)` (drop it from the owner's store index),
+    `tmp_path()` (a private name in the same filesystem)."""
+
+    def __init__(self, *, held: Callable[[bytes, bytes], bool],
+                 pinned: Callable[[bytes, bytes], bool],
+                 forget: Callable[[bytes, bytes], None], tmp_path: Callable[[], str]) -> None:
+        self.held, self.pinned, self.forget, self.tmp_path = held, pinned, forget, tmp_path
+
+    def take(self, path: str, listed: os.stat_result, ident: tuple[bytes, bytes]) -> str:
+        """Delete the file at `path` if it is still the one listed and free to
+        go: TAKEN; GONE (deleted by someone else); KEPT (a newer copy, or held)."""
+        tmp = self.tmp_path()
+        try:
+            os.rename(path, tmp)          # captured: no save can land on this name now
+        except FileNotFoundError:
+            return GONE
+        st = os.stat(tmp, follow_symlinks=False)
+        if (st.st_ino, st.st_dev, st.st_mtime_ns) != \
+                (listed.st_ino, listed.st_dev, listed.st_mtime_ns) or self.held(*ident):
+            try:
+                os.link(tmp, path)        # not ours to take: put it back
+            except FileExistsError:
+                pass                      # a newer copy landed meanwhile: it wins
+            os.unlink(tmp)
+            return KEPT
+        os.unlink(tmp)
+        self.forget(*ident)
+        return TAKEN
+
+
+def collect(layout: Layout, budget_bytes: int, victims: Victims,
+            keep_going: Callable[[], bool] = lambda: True) -> CollectReport:
     """One pass: delete least recently used block files until the listed ones
-    fit `budget_bytes`. `held(ns, key)`: this daemon's book holds the block
-    (left to the book). `delete(ns, key)`: the bytes freed, or None when
-    another daemon pins the file."""
+    fit `budget_bytes`. `keep_going()` is asked every CHECK_EVERY files (the
+    caller renews its GC lease there); False ends the pass."""
     t0 = time.perf_counter()
-    listed = sorted(list_blocks(layout))
-    report = CollectReport(files=len(listed), bytes=sum(size for _, size, _ in listed))
+    listed: list[tuple[int, str, os.stat_result]] = []
+    for i, (path, st) in enumerate(list_blocks(layout)):
+        if i % CHECK_EVERY == CHECK_EVERY - 1 and not keep_going():
+            return CollectReport(seconds=time.perf_counter() - t0)
+        listed.append((st.st_mtime_ns, path, st))
+    listed.sort()
+    report = CollectReport(files=len(listed), bytes=sum(st.st_size for _, _, st in listed))
     total = report.bytes
-    for mtime, size, path in listed:
-        if total <= budget_bytes:
+    for i, (_, path, st) in enumerate(listed):
+        if total <= budget_bytes or (i % CHECK_EVERY == CHECK_EVERY - 1 and not keep_going()):
             break
         ident = _identity(path)
-        if ident is None or held(*ident):
+        if ident is None or victims.held(*ident):
             continue   # a bad header is for a read to quarantine; a held block, for the book
-        try:
-            if os.stat(path, follow_symlinks=False).st_mtime != mtime:
-                continue   # written or read again since the listing
-        except FileNotFoundError:
-            total -= size  # gone already
-            continue
-        freed = delete(*ident)
-        if freed is None:
+        if victims.pinned(*ident):
             report.kept_pinned += 1
             continue
-        report.deleted += 1
-        report.freed += freed
-        total -= size
+        try:
+            outcome = victims.take(path, st, ident)
+        except OSError as e:          # this file only (EPERM, EIO ...): the pass goes on
+            report.errors += 1
+            report.last_error = str(e)
+            continue
+        if outcome == TAKEN:
+            report.deleted += 1
+            report.freed += st.st_size
+        if outcome != KEPT:
+            total -= st.st_size
     report.seconds = time.perf_counter() - t0
     return report

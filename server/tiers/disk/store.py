@@ -70,7 +70,7 @@ class DiskStore:
         # The block's own fsync covers its new directories (DurableDirs).
         self._dirs = DurableDirs(durability not in (NO_SYNC, FSYNC_AFTER_RENAME))
         self._pid = os.getpid()
-        self._pins = Pins(self.layout, self._dirs, self._tmp_path)
+        self._pins = Pins(self.layout, self._dirs, self.new_tmp_path)
         # Counters (monotonic), read by the metrics collector.
         self.bytes_read = 0
         self.bytes_written = 0
@@ -79,7 +79,6 @@ class DiskStore:
         self.quarantined = 0
         self.gc_runs = 0
         self.collected = 0        # files deleted to keep a shared directory in its budget
-        self.touch_reads = False  # set a block file's mtime when it is read (collect.py)
 
     # ------------------------------------------------------------ open / recovery
 
@@ -128,7 +127,8 @@ class DiskStore:
     def block_path(self, ns: bytes, key: bytes) -> str:
         return self.layout.block_path(ns, key)
 
-    def _tmp_path(self) -> str:
+    def new_tmp_path(self) -> str:
+        """A fresh private file name under tmp/ (same filesystem as the blocks)."""
         return tmp_path(self.tmp_dir, self.owner_id, self._pid)
 
     # ------------------------------------------------------------ write
@@ -161,8 +161,8 @@ class DiskStore:
                 raise OSError(errno.ENOSPC, f"would leave under min_free_bytes="
                                             f"{self.min_free_bytes}")
             self._dirs.ensure(os.path.dirname(path), self.blocks_dir)
-            publish(self._tmp_path(), path, [memoryview(head), *parts], self.durability,
-                    self.syncfs, lambda: self._forget(ns, key))
+            publish(self.new_tmp_path(), path, [memoryview(head), *parts], self.durability,
+                    self.syncfs, lambda: self.forget(ns, key))
         except OSError as e:
             raise self._io_error(e, f"writing {n} B a block") from e
         with self._lock:
@@ -191,12 +191,14 @@ class DiskStore:
         finally:
             os.close(fd)
         self._count_read(ns, key, h.payload_bytes)
-        if self.touch_reads:   # its mtime is its last use, for a shared collection (collect.py)
-            try:
-                os.utime(path)
-            except OSError:
-                pass   # deleted meanwhile, or a read-only mount: only the order suffers
         return h.algo, h.checksum
+
+    def touch(self, ns: bytes, key: bytes) -> None:
+        """Mark the block used now (its mtime: a shared collection's order, collect.py)."""
+        try:
+            os.utime(self.block_path(ns, key))
+        except OSError:
+            pass   # deleted meanwhile, or a read-only mount: only the order suffers
 
     def read(self, ns: bytes, key: bytes) -> bytes:
         """The block's payload (a copy: `read_into` is the fast path)."""
@@ -244,7 +246,7 @@ class DiskStore:
         try:
             return os.open(path, RDONLY)
         except FileNotFoundError:
-            self._forget(ns, key)
+            self.forget(ns, key)
             raise NotStored("a block is not on the disk tier") from None
         except OSError as e:
             raise self._io_error(e, "reading a block") from e
@@ -276,7 +278,7 @@ class DiskStore:
             st, now = os.fstat(fd), os.stat(path, follow_symlinks=False)
             if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
                 self._quarantine(path)
-        self._forget(ns, key)
+        self.forget(ns, key)
         raise CorruptBlock(f"a block on the disk tier failed its check ({why}); "
                            "moved to quarantine, treat it as a miss")
 
@@ -303,7 +305,8 @@ class DiskStore:
         self._index[(ns, key)] = n
         self._used += HEADER_BYTES + n
 
-    def _forget(self, ns: bytes, key: bytes) -> None:
+    def forget(self, ns: bytes, key: bytes) -> None:
+        """Drop the block from this daemon's index (its file is gone)."""
         with self._lock:
             old = self._index.pop((ns, key), None)
             if old is not None:
@@ -346,7 +349,7 @@ class DiskStore:
             size = 0
         except OSError as e:
             raise self._io_error(e, f"deleting a block") from e
-        self._forget(ns, key)
+        self.forget(ns, key)
         return size
 
     def __len__(self) -> int:

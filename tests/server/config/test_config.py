@@ -452,3 +452,15 @@ def test_booleans_render_as_toml(tmp_path):
 
 def test_log_format_flag():
     assert CLI_FLAGS["server.log_format"] == "--log-format"
+
+
+def test_a_shared_directory_budget_must_hold_this_daemons_own_share() -> None:
+    ok = load_config(None, env={}, overrides={"disk_tier.path": "/d", "disk_tier.capacity_bytes":
+                                              "1GiB", "disk_tier.shared_capacity_bytes": "4GiB"})
+    assert ok.disk_tier.shared_capacity_bytes == 4 << 30
+    for capacity in ("0", "8GiB"):     # 0: 90% of the filesystem, more than any budget
+        with pytest.raises(ConfigError, match="disk_tier.shared_capacity_bytes") as e:
+            load_config(None, env={}, overrides={"disk_tier.path": "/d",
+                                                 "disk_tier.capacity_bytes": capacity,
+                                                 "disk_tier.shared_capacity_bytes": "4GiB"})
+        assert "disk_tier.capacity_bytes" in str(e.value)

@@ -9,7 +9,7 @@ import time
 from disk_helpers import NS, NS2, key, open_store
 from kvkeeper.server.ledger.disk_index import DiskIndex
 from kvkeeper.server.tiers.disk import HEADER_BYTES, NotStored, RecoveryReport
-from kvkeeper.server.tiers.disk.collect import collect, list_blocks
+from kvkeeper.server.tiers.disk.collect import Victims, collect, list_blocks
 from kvkeeper.server.tiers.disk_tier import DiskTier
 
 SIZE = 1000
@@ -24,7 +24,12 @@ def aged(store, ns, k, age_s: float) -> None:
 
 
 def names(store) -> set:
-    return {os.path.basename(p)[:-4] for _, _, p in list_blocks(store.layout)}
+    return {os.path.basename(p)[:-4] for p, _ in list_blocks(store.layout)}
+
+
+def victims(store, held=lambda ns, k: False) -> Victims:
+    return Victims(held=held, pinned=lambda ns, k: store.pinned_by_others(ns, k, store.owner_id),
+                   forget=store.forget, tmp_path=store.new_tmp_path)
 
 
 def test_the_oldest_foreign_files_go_until_the_directory_fits(tmp_path) -> None:
@@ -34,8 +39,7 @@ def test_the_oldest_foreign_files_go_until_the_directory_fits(tmp_path) -> None:
     aged(owner, NS, key(100), 1000)             # the oldest, but the owner's book holds it
     book = {(NS, key(100))}
     other.pin(NS, key(0), "other", ttl_s=300)   # the oldest foreign one, being read
-    report = collect(owner.layout, 4 * FILE, held=lambda ns, k: (ns, k) in book,
-                     delete=lambda ns, k: owner.delete_if_unpinned(ns, k, owner.owner_id))
+    report = collect(owner.layout, 4 * FILE, victims(owner, lambda ns, k: (ns, k) in book))
     assert (report.files, report.bytes) == (7, 7 * FILE)
     assert (report.deleted, report.freed, report.kept_pinned) == (3, 3 * FILE, 1)
     # Left: the owner's own, the pinned one, and the two most recent foreign ones.
@@ -48,8 +52,7 @@ def test_the_oldest_foreign_files_go_until_the_directory_fits(tmp_path) -> None:
     else:
         raise AssertionError("a collected file was still read")
     # Within budget: a second pass deletes nothing.
-    again = collect(owner.layout, 4 * FILE, held=lambda ns, k: False,
-                    delete=lambda ns, k: owner.delete_if_unpinned(ns, k, owner.owner_id))
+    again = collect(owner.layout, 4 * FILE, victims(owner))
     assert again.deleted == 0 and again.files == 4
 
 
@@ -57,11 +60,8 @@ def test_a_read_makes_a_file_recent(tmp_path) -> None:
     owner, other = open_store(tmp_path, owner="gc-owner"), open_store(tmp_path, owner="other")
     for i in range(3):
         aged(other, NS, key(i), 300 - i * 60)   # key(0) the oldest
-    other.touch_reads = True
-    out = bytearray(SIZE)
-    other.read_into(NS, key(0), out)            # read now: the most recent
-    collect(owner.layout, 2 * FILE, held=lambda ns, k: False,
-            delete=lambda ns, k: owner.delete_if_unpinned(ns, k, owner.owner_id))
+    other.touch(NS, key(0))                     # read now (DiskTier.read_into): the most recent
+    collect(owner.layout, 2 * FILE, victims(owner))
     assert names(owner) == {key(0).hex(), key(2).hex()}
 
 
@@ -77,8 +77,10 @@ def test_the_gc_owner_collects_on_its_tick_and_counts_it(tmp_path) -> None:
                     recovery=RecoveryReport(), threads=1, clock=lambda: clock[0],
                     shared_capacity_bytes=2 * FILE)
     try:
-        assert s.touch_reads
-        tier._gc_tick()                           # takes the GC lease, then collects
+        tier._gc_tick()                           # takes the GC lease; no pass at start-up
+        assert tier.gc_owner and s.collected == 0
+        clock[0] += 60
+        tier._gc_tick()
         assert tier.gc_owner and s.collected == 3
         assert names(s) == {key(0).hex(), key(4).hex()}
         aged(other, NS, key(9), 0)
@@ -102,6 +104,45 @@ def test_off_by_default(tmp_path) -> None:
                     recovery=RecoveryReport(), threads=1)
     try:
         tier._gc_tick()
-        assert not s.touch_reads and s.collected == 0 and len(names(s)) == 3
+        assert s.collected == 0 and len(names(s)) == 3
     finally:
         tier.pool.shutdown()
+
+
+def test_a_copy_saved_after_the_listing_is_put_back(tmp_path, monkeypatch) -> None:
+    """The save of a key the pass listed lands between the listing and the
+    delete: the pass captures the new file, sees it is not the one listed,
+    and links it back, so an acknowledged copy is never removed."""
+    owner, other = open_store(tmp_path, owner="gc-owner"), open_store(tmp_path, owner="other")
+    aged(other, NS, key(0), 600)
+    aged(other, NS, key(1), 300)
+    victim = owner.block_path(NS, key(0))
+    real_rename = os.rename
+
+    def save_first(src, dst):   # the re-save lands just before the pass captures the file
+        if src == victim:
+            other.write(NS, key(0), b"\x07" * SIZE)
+        return real_rename(src, dst)
+    monkeypatch.setattr(os, "rename", save_first)
+    report = collect(owner.layout, 1 * FILE, victims(owner))
+    # key(0) was put back; key(1), the next in line, went instead.
+    assert report.deleted == 1 and names(owner) == {key(0).hex()}
+    assert other.read(NS, key(0)) == b"\x07" * SIZE
+    assert not os.listdir(owner.tmp_dir), "the captured copy was left behind"
+
+
+def test_a_file_that_cannot_go_is_counted_and_the_pass_goes_on(tmp_path, monkeypatch) -> None:
+    owner, other = open_store(tmp_path, owner="gc-owner"), open_store(tmp_path, owner="other")
+    for i in range(3):
+        aged(other, NS, key(i), 600 - i * 60)
+    stuck = owner.block_path(NS, key(0))
+    real_rename = os.rename
+
+    def rename(src, dst):
+        if src == stuck:
+            raise PermissionError(1, "Operation not permitted", src)
+        return real_rename(src, dst)
+    monkeypatch.setattr(os, "rename", rename)
+    report = collect(owner.layout, 1 * FILE, victims(owner))
+    assert (report.deleted, report.errors) == (2, 1) and "not permitted" in report.last_error
+    assert names(owner) == {key(0).hex()}
