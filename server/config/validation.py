@@ -49,7 +49,8 @@ def validate(c: Config) -> None:
         raise _fail(c, "metrics.address", f"the same address as listen.tcp (from "
                     f"{c.source_of('listen.tcp')}); pick another port", c.metrics.address)
     dt = c.disk_tier
-    if dt.shared_capacity_bytes and not 0 < dt.capacity_bytes <= dt.shared_capacity_bytes:
+    if dt.path and dt.shared_capacity_bytes and \
+            not 0 < dt.capacity_bytes <= dt.shared_capacity_bytes:
         raise _fail(c, "disk_tier.shared_capacity_bytes",
                     "the directory's budget must hold this daemon's own share: set "
                     "disk_tier.capacity_bytes (from "

@@ -126,6 +126,9 @@ class DiskTier:
         # 0: no collection across daemons; else the directory's budget (collect.py).
         self.shared_capacity_bytes = shared_capacity_bytes
         self._last_collect = clock()   # the first pass a while after start-up, not in it
+        self._collecting: Optional[asyncio.Task[None]] = None
+        self._closing = False
+        self._renewed = 0.0
         self._over_budget = False     # for logging: warn once while a pass cannot get under
         self.backend = DiskBackend(store, book.capacity_bytes)
         # The ledger keeps this book; the tier reads it only for its tests and tools,
@@ -243,9 +246,21 @@ class DiskTier:
 
     # ------------------------------------------------------------ upkeep
     async def maintain(self) -> None:
-        """Periodic: renew (or try to take) the GC lease; the owner sweeps expired pins."""
+        """Periodic: renew (or try to take) the GC lease; the owner sweeps expired pins,
+        and starts a shared collection when one is due (a task of its own: a long
+        pass must not hold up the daemon's upkeep)."""
         if self.clock() - self._last_gc >= GC_INTERVAL_S:
             await self.io(self._gc_tick)
+        if (self.gc_owner and self.shared_capacity_bytes and self._collecting is None
+                and not self._closing and self.clock() - self._last_collect >= COLLECT_INTERVAL_S):
+            self._last_collect = self.clock()
+            self._collecting = asyncio.get_running_loop().create_task(self._collect())
+
+    async def _collect(self) -> None:
+        try:
+            await self.io(self.collect_shared)
+        finally:
+            self._collecting = None
 
     def _gc_tick(self) -> None:
         self._last_gc = self.clock()
@@ -260,10 +275,6 @@ class DiskTier:
         except DiskIOError as e:
             self.gc_owner = False
             log.warning("disk tier GC lease: %s", e)
-        if (self.gc_owner and self.shared_capacity_bytes
-                and self.clock() - self._last_collect >= COLLECT_INTERVAL_S):
-            self._last_collect = self.clock()
-            self.collect_shared()
 
     def collect_shared(self) -> CollectReport:
         """Delete least recently used files of a shared directory beyond its budget
@@ -277,6 +288,7 @@ class DiskTier:
         victims = Victims(held=lambda ns, key: (ns, key) in book,
                           pinned=lambda ns, key: st.pinned_by_others(ns, key, owner),
                           forget=st.forget, tmp_path=st.new_tmp_path)
+        self._renewed = self.clock()
         try:
             report = collect(st.layout, self.shared_capacity_bytes, victims, self._still_owner)
         except (OSError, TierError) as e:
@@ -288,8 +300,8 @@ class DiskTier:
                      "deleted %d least recently used (%d B) in %.2fs",
                      st.root, report.bytes, report.files, self.shared_capacity_bytes,
                      report.deleted, report.freed, report.seconds)
-        over = report.bytes - report.freed > self.shared_capacity_bytes
-        if over and not self._over_budget:
+        over = report.bytes - report.freed - report.gone > self.shared_capacity_bytes
+        if over and not report.stopped and not self._over_budget:
             log.warning("disk tier: shared directory %s stays over its budget (%d B): what is "
                         "left is held by this daemon's book (%d B; capacity_bytes), pinned "
                         "(%d) or could not be deleted (%d: %s)", st.root,
@@ -299,11 +311,16 @@ class DiskTier:
         return report
 
     def _still_owner(self) -> bool:
-        """A long pass renews the GC lease as it goes; it stops once another holds it."""
-        try:
-            self.gc_owner = self.store.gc_lock.try_acquire(self.store.owner_id, GC_LEASE_S)
-        except DiskIOError:
-            self.gc_owner = False
+        """Asked before each file of a pass: it renews the GC lease every
+        GC_INTERVAL_S, and ends the pass once the lease is lost or the tier closes."""
+        if self._closing or not self.gc_owner:
+            return False
+        if self.clock() - self._renewed >= GC_INTERVAL_S:
+            self._renewed = self.clock()
+            try:
+                self.gc_owner = self.store.gc_lock.renew(self.store.owner_id, GC_LEASE_S)
+            except DiskIOError:
+                self.gc_owner = False
         return self.gc_owner
 
     def verify_all(self, progress: Callable[[int, int], None]) -> VerifyReport:
@@ -316,6 +333,9 @@ class DiskTier:
 
     async def close(self) -> None:
         """Hand the GC lease back and stop the threads (flushes are drained first)."""
+        self._closing = True               # a running collection stops at its next file
+        if self._collecting is not None:
+            await asyncio.gather(self._collecting, return_exceptions=True)
         if self.gc_owner:
             await self.io(self.store.gc_lock.release, self.store.owner_id)
         self.pool.shutdown(wait=True)

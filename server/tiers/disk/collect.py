@@ -29,7 +29,7 @@ from .fileio import RDONLY
 from .header import HEADER_FIELDS_BYTES, parse_header
 from .layout import BLOCK_SUFFIX, Layout, subdirs
 
-__all__ = ["CHECK_EVERY", "CollectReport", "Victims", "collect", "list_blocks"]
+__all__ = ["CollectReport", "Victims", "collect", "list_blocks"]
 
 
 @dataclass
@@ -41,11 +41,11 @@ class CollectReport:
     kept_pinned: int = 0      # candidates another daemon was reading
     errors: int = 0           # files that could not be deleted
     last_error: str = ""
+    gone: int = 0             # bytes others deleted after the listing
+    stopped: bool = False     # ended early: the GC lease was lost, or the tier closes
     seconds: float = 0.0
 
 
-# How often a pass asks whether to go on (and its owner renews its GC lease).
-CHECK_EVERY = 1024
 TAKEN, GONE, KEPT = "taken", "gone", "kept"
 
 
@@ -104,44 +104,60 @@ class Victims:
             os.rename(path, tmp)          # captured: no save can land on this name now
         except FileNotFoundError:
             return GONE
-        st = os.stat(tmp, follow_symlinks=False)
-        if (st.st_ino, st.st_dev, st.st_mtime_ns) != \
-                (listed.st_ino, listed.st_dev, listed.st_mtime_ns) or self.held(*ident):
-            try:
-                os.link(tmp, path)        # not ours to take: put it back
-            except FileExistsError:
-                pass                      # a newer copy landed meanwhile: it wins
-            os.unlink(tmp)
+        try:
+            st = os.stat(tmp, follow_symlinks=False)
+            mine = (st.st_ino, st.st_dev, st.st_mtime_ns) == \
+                (listed.st_ino, listed.st_dev, listed.st_mtime_ns) and not self.held(*ident)
+        except BaseException:
+            _put_back(tmp, path)          # whatever failed, the copy goes back
+            raise
+        if not mine:
+            _put_back(tmp, path)          # not ours to take
             return KEPT
         os.unlink(tmp)
         self.forget(*ident)
         return TAKEN
 
 
+def _put_back(tmp: str, path: str) -> None:
+    """Return a captured file to its name, unless a newer copy landed there."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass                              # the newer copy wins (same key, same bytes)
+    except OSError:
+        os.rename(tmp, path)              # no hard links here: over the newer copy, if any
+        return
+    os.unlink(tmp)
+
+
 def collect(layout: Layout, budget_bytes: int, victims: Victims,
             keep_going: Callable[[], bool] = lambda: True) -> CollectReport:
     """One pass: delete least recently used block files until the listed ones
-    fit `budget_bytes`. `keep_going()` is asked every CHECK_EVERY files (the
-    caller renews its GC lease there); False ends the pass."""
+    fit `budget_bytes`. `keep_going()` is asked before each file (the caller
+    renews its GC lease there, by time); False ends the pass."""
     t0 = time.perf_counter()
     listed: list[tuple[int, str, os.stat_result]] = []
-    for i, (path, st) in enumerate(list_blocks(layout)):
-        if i % CHECK_EVERY == CHECK_EVERY - 1 and not keep_going():
-            return CollectReport(seconds=time.perf_counter() - t0)
+    for path, st in list_blocks(layout):
+        if not keep_going():
+            return CollectReport(stopped=True, seconds=time.perf_counter() - t0)
         listed.append((st.st_mtime_ns, path, st))
     listed.sort()
     report = CollectReport(files=len(listed), bytes=sum(st.st_size for _, _, st in listed))
     total = report.bytes
-    for i, (_, path, st) in enumerate(listed):
-        if total <= budget_bytes or (i % CHECK_EVERY == CHECK_EVERY - 1 and not keep_going()):
+    for _, path, st in listed:
+        if total <= budget_bytes:
+            break
+        if not keep_going():
+            report.stopped = True
             break
         ident = _identity(path)
         if ident is None or victims.held(*ident):
             continue   # a bad header is for a read to quarantine; a held block, for the book
-        if victims.pinned(*ident):
-            report.kept_pinned += 1
-            continue
         try:
+            if victims.pinned(*ident):
+                report.kept_pinned += 1
+                continue
             outcome = victims.take(path, st, ident)
         except OSError as e:          # this file only (EPERM, EIO ...): the pass goes on
             report.errors += 1
@@ -150,6 +166,8 @@ def collect(layout: Layout, budget_bytes: int, victims: Victims,
         if outcome == TAKEN:
             report.deleted += 1
             report.freed += st.st_size
+        if outcome == GONE:
+            report.gone += st.st_size
         if outcome != KEPT:
             total -= st.st_size
     report.seconds = time.perf_counter() - t0

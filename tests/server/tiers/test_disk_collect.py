@@ -3,6 +3,7 @@
 block files its own book does not hold and nobody pins."""
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 
@@ -65,7 +66,7 @@ def test_a_read_makes_a_file_recent(tmp_path) -> None:
     assert names(owner) == {key(0).hex(), key(2).hex()}
 
 
-def test_the_gc_owner_collects_on_its_tick_and_counts_it(tmp_path) -> None:
+def test_the_gc_owner_collects_in_a_task_of_its_own_and_counts_it(tmp_path) -> None:
     other = open_store(tmp_path, owner="other")
     for i in range(5):
         aged(other, NS, key(i), 500 - i * 60)
@@ -76,24 +77,46 @@ def test_the_gc_owner_collects_on_its_tick_and_counts_it(tmp_path) -> None:
     tier = DiskTier(s, book, write_policy="write-through", admit_after_hits=0,
                     recovery=RecoveryReport(), threads=1, clock=lambda: clock[0],
                     shared_capacity_bytes=2 * FILE)
-    try:
-        tier._gc_tick()                           # takes the GC lease; no pass at start-up
+
+    async def upkeep() -> None:
+        await tier.maintain()
+        if tier._collecting is not None:
+            await tier._collecting
+
+    async def run() -> None:
+        await upkeep()                            # takes the GC lease; no pass at start-up
         assert tier.gc_owner and s.collected == 0
         clock[0] += 60
-        tier._gc_tick()
-        assert tier.gc_owner and s.collected == 3
+        await upkeep()
+        assert s.collected == 3
         assert names(s) == {key(0).hex(), key(4).hex()}
         aged(other, NS, key(9), 0)
         clock[0] += 10                            # not yet the next collection
-        tier._gc_tick()
+        await upkeep()
         assert s.collected == 3
         clock[0] += 60
-        tier._gc_tick()
+        await upkeep()
         assert s.collected == 4 and names(s) == {key(0).hex(), key(9).hex()}
         series = {c.name: c.value for c in tier.counters()}
         assert series["disk_collected_blocks"] == 4
-    finally:
-        tier.pool.shutdown()
+        await tier.close()
+        held = s.gc_lock.holder()
+        assert held is None or held.expires_at < time.time(), "the lease was not handed back"
+    asyncio.run(run())
+
+
+def test_a_pass_stops_once_the_lease_is_lost(tmp_path) -> None:
+    other = open_store(tmp_path, owner="other")
+    for i in range(4):
+        aged(other, NS, key(i), 500 - i * 60)
+    owner = open_store(tmp_path, owner="gc-owner")
+    asked = []
+
+    def keep_going() -> bool:
+        asked.append(1)
+        return len(asked) <= 5                    # lost after the listing and one deletion
+    report = collect(owner.layout, 0, victims(owner), keep_going)
+    assert report.stopped and report.deleted == 1 and len(names(owner)) == 3
 
 
 def test_off_by_default(tmp_path) -> None:
@@ -146,3 +169,19 @@ def test_a_file_that_cannot_go_is_counted_and_the_pass_goes_on(tmp_path, monkeyp
     report = collect(owner.layout, 1 * FILE, victims(owner))
     assert (report.deleted, report.errors) == (2, 1) and "not permitted" in report.last_error
     assert names(owner) == {key(0).hex()}
+
+
+def test_a_capture_that_fails_puts_the_copy_back(tmp_path, monkeypatch) -> None:
+    owner, other = open_store(tmp_path, owner="gc-owner"), open_store(tmp_path, owner="other")
+    aged(other, NS, key(0), 600)
+    real_stat = os.stat
+
+    def stat(path, *a, **kw):
+        if "/tmp/" in str(path) and str(path).endswith(".tmp"):
+            raise OSError(5, "Input/output error", path)
+        return real_stat(path, *a, **kw)
+    monkeypatch.setattr(os, "stat", stat)
+    report = collect(owner.layout, 0, victims(owner))
+    monkeypatch.setattr(os, "stat", real_stat)
+    assert (report.deleted, report.errors) == (0, 1)
+    assert other.read(NS, key(0)) == bytes(SIZE) and not os.listdir(owner.tmp_dir)
