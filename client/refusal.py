@@ -13,8 +13,8 @@ So a refusal is kept with a not-before time, REFUSED_MIN_S doubling to
 REFUSED_MAX_S while refusals go on; until then, a call that would register
 again raises the same error without asking (so access granted back is seen
 within the backoff, at most REFUSED_MAX_S). A registration that succeeds
-forgets the refusal. connect()'s first
-registration never goes through here: it raises what the daemon answered.
+forgets the refusal. connect()'s first registration never goes through here:
+it raises what the daemon answered.
 """
 from __future__ import annotations
 

@@ -99,7 +99,7 @@ class SessionTable:
                 "(CloseSession) or wait for them to expire, or raise the limit")
 
     def add(self, session: Session) -> None:
-        self.check_room(session.owner)
+        """A new live session; its owner's room was checked first (check_room)."""
         self.live[session.id] = session
         self.per_owner[session.owner] += 1
 

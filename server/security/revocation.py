@@ -39,7 +39,7 @@ class Revocation:
     session: SessionId
     holder: str    # "token <name>", or the identity of a caller without a token
     model: str
-    why: str       # TOKEN_REMOVED or MODEL_REMOVED
+    why: str       # TOKEN_REMOVED, MODEL_REMOVED, TOKEN_ROTATED or AUTH_TURNED_ON
 
 
 def plan_revocations(sessions: Iterable[Session], table: TokenTable,

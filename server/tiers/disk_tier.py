@@ -140,6 +140,7 @@ class DiskTier:
         self.clock = clock
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kvkeeper-disk")
         self.flush_failures = 0
+        self.collected = 0        # files a shared collection deleted (collect_shared)
         self.gc_owner = False
         self._last_gc = -1e9
 
@@ -294,7 +295,7 @@ class DiskTier:
         except (OSError, TierError) as e:
             log.warning("disk tier: collecting the shared directory failed: %s", e)
             return CollectReport()
-        st.collected += report.deleted
+        self.collected += report.deleted
         if report.deleted:
             log.info("disk tier: shared directory %s held %d B in %d files (budget %d B); "
                      "deleted %d least recently used (%d B) in %.2fs",
@@ -346,7 +347,7 @@ class DiskTier:
         st = self.store
         values = (st.bytes_read, st.bytes_written, st.io_errors, st.checksum_failures,
                   st.quarantined, st.gc_runs, self.flush_failures, self.recovery.seconds,
-                  self.recovery.blocks, st.collected)
+                  self.recovery.blocks, self.collected)
         return [TierCounter(name, kind, text, v) for (name, kind, text), v in zip(SERIES, values)]
 
     def errors(self) -> dict[str, int]:

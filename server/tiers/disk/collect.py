@@ -27,7 +27,7 @@ from typing import Callable, Iterator, Optional
 
 from .fileio import RDONLY
 from .header import HEADER_FIELDS_BYTES, parse_header
-from .layout import BLOCK_SUFFIX, Layout, subdirs
+from .layout import BLOCK_SUFFIX, Layout, leaf_dirs, subdirs
 
 __all__ = ["CollectReport", "Victims", "collect", "list_blocks"]
 
@@ -52,13 +52,11 @@ TAKEN, GONE, KEPT = "taken", "gone", "kept"
 def list_blocks(layout: Layout) -> Iterator[tuple[str, os.stat_result]]:
     """Every block file under the layout, with its stat (one stat each; no
     file is opened)."""
-    for ns_dir in subdirs(layout.blocks_dir, 16):
-        leaves = subdirs(ns_dir.path, 2)
-        for _ in range(layout.fanout_levels - 1):
-            leaves = [e for d in leaves for e in subdirs(d.path, 2)]
-        for leaf in leaves:
+    tops = [top for ns_dir in subdirs(layout.blocks_dir, 16) for top in subdirs(ns_dir.path, 2)]
+    for top in tops:
+        for leaf, _ in leaf_dirs(top.path, top.name, layout.fanout_levels):
             try:
-                with os.scandir(leaf.path) as it:
+                with os.scandir(leaf) as it:
                     entries = [e for e in it if e.name.endswith(BLOCK_SUFFIX)]
             except FileNotFoundError:
                 continue

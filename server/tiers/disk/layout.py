@@ -72,6 +72,15 @@ def tmp_owner(name: str) -> str:
     return name[:-len(TMP_SUFFIX)].rsplit("-", 2)[0]
 
 
+def leaf_dirs(top: str, prefix: str, fanout_levels: int) -> list[tuple[str, str]]:
+    """The leaf directories under a first-level fan-out dir `top` (named
+    `prefix`), each with the key-hex prefix its blocks' names start with."""
+    leaves = [(top, prefix)]
+    for _ in range(fanout_levels - 1):
+        leaves = [(e.path, pre + e.name) for d, pre in leaves for e in subdirs(d, 2)]
+    return leaves
+
+
 def subdirs(path: str, name_len: int) -> list[os.DirEntry]:
     """Subdirectories of `path` whose names are `name_len` lowercase hex digits."""
     try:

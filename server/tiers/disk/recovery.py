@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from .fileio import RDONLY
 from .header import HEADER_BYTES, HEADER_FIELDS_BYTES, parse_header
-from .layout import BLOCK_SUFFIX, TMP_SUFFIX, Layout, subdirs, tmp_owner
+from .layout import BLOCK_SUFFIX, TMP_SUFFIX, Layout, leaf_dirs, subdirs, tmp_owner
 
 SCAN_THREADS = 16
 _IO_BOUND_S_PER_FILE = 100e-6  # page-cache hits cost ~20 us a file here, device reads ~250
@@ -94,10 +94,7 @@ def _scan_tree(fanout_levels: int, top: str, ns_name: str, prefix: str
     subdirs, with fanout_levels > 1): headers only, no payload."""
     found: list[Found] = []
     bad: list[str] = []
-    leaves = [(top, prefix)]
-    for _ in range(fanout_levels - 1):
-        leaves = [(e.path, pre + e.name) for d, pre in leaves for e in subdirs(d, 2)]
-    for leaf, pre in leaves:
+    for leaf, pre in leaf_dirs(top, prefix, fanout_levels):
         try:
             with os.scandir(leaf) as it:
                 names = [e.name for e in it]

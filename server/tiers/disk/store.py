@@ -78,7 +78,6 @@ class DiskStore:
         self.checksum_failures = 0
         self.quarantined = 0
         self.gc_runs = 0
-        self.collected = 0        # files deleted to keep a shared directory in its budget
 
     # ------------------------------------------------------------ open / recovery
 

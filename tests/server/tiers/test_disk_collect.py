@@ -85,18 +85,18 @@ def test_the_gc_owner_collects_in_a_task_of_its_own_and_counts_it(tmp_path) -> N
 
     async def run() -> None:
         await upkeep()                            # takes the GC lease; no pass at start-up
-        assert tier.gc_owner and s.collected == 0
+        assert tier.gc_owner and tier.collected == 0
         clock[0] += 60
         await upkeep()
-        assert s.collected == 3
+        assert tier.collected == 3
         assert names(s) == {key(0).hex(), key(4).hex()}
         aged(other, NS, key(9), 0)
         clock[0] += 10                            # not yet the next collection
         await upkeep()
-        assert s.collected == 3
+        assert tier.collected == 3
         clock[0] += 60
         await upkeep()
-        assert s.collected == 4 and names(s) == {key(0).hex(), key(9).hex()}
+        assert tier.collected == 4 and names(s) == {key(0).hex(), key(9).hex()}
         series = {c.name: c.value for c in tier.counters()}
         assert series["disk_collected_blocks"] == 4
         await tier.close()
@@ -127,7 +127,7 @@ def test_off_by_default(tmp_path) -> None:
                     recovery=RecoveryReport(), threads=1)
     try:
         tier._gc_tick()
-        assert s.collected == 0 and len(names(s)) == 3
+        assert tier.collected == 0 and len(names(s)) == 3
     finally:
         tier.pool.shutdown()
 
