@@ -26,6 +26,7 @@ from ..errors import ResourceExhausted
 from ..ledger import Block, Lease, Ledger, Namespace
 from ..ops.ratelog import RepeatLog
 from .backend import ArenaBackend, TierError
+from .deletes import Deletes
 
 __all__ = ["Flusher"]
 
@@ -56,8 +57,7 @@ class Flusher:
         self._host_loc = host_loc
         self.clock = clock
         self.tasks: set[asyncio.Task[Any]] = set()
-        # (tier, where) -> set once the evicted copy there is deleted.
-        self._forgetting: dict[tuple[Any, Where], asyncio.Event] = {}
+        self.deletes = Deletes()   # evicted copies being deleted: flushes and probes wait
         self._unflushed = RepeatLog(log, "tier_flush_failed")
 
     def admit(self, tiers: Sequence[_Tier], ns: Namespace, keys: Sequence[bytes]) -> None:
@@ -129,11 +129,11 @@ class Flusher:
             return
         if res is None:
             return  # already below, being written, or not admitted (a full book)
-        await self._forget(tier, res.evicted)
-        gone = self._forgetting.get((tier.name, (ns.id, b.key)))
-        if gone is not None:   # this key's old copy, evicted by another flush
-            await gone.wait()
         try:
+            await self._forget(tier, res.evicted)
+            gone = self.deletes.pending.get((tier.name, (ns.id, b.key)))
+            if gone is not None:   # this key's old copy, evicted by another flush
+                await gone.wait()
             await tier.write_block(self.host, self._host_loc(b),
                                    tier.loc(ns.id, b.key, ns.block_bytes), b.checksum)
         except TierError as e:
@@ -157,15 +157,9 @@ class Flusher:
         waits for the delete (_flush_block) instead of racing it."""
         if not evicted:
             return
-        done = asyncio.Event()
-        marks = [(tier.name, w) for w in evicted]
-        for m in marks:
-            self._forgetting[m] = done
+        marks, done = self.deletes.begin(tier.name, evicted)
         try:
             for w in evicted:
                 await tier.forget(w)
         finally:
-            for m in marks:
-                if self._forgetting.get(m) is done:
-                    del self._forgetting[m]
-            done.set()
+            self.deletes.end(marks, done)

@@ -227,16 +227,23 @@ class TierStack:
         book (no await after the probe's answer), and whether the lookup goes
         on: False once a key is missing or unusable. The run also stops at a
         key the ledger knows of (the arena, a book): located there."""
-        L = self.ledger
+        L, deletes = self.ledger, self.flusher.deletes
         for t in self.lower:
-            sizes = await t.probe_run(ns.id, keys[start:])
-            run: list[TierName] = []
-            for k, nbytes in zip(keys[start:], sizes):
-                if run and not L.locate(ns, [k]).probe:
-                    return run, True
-                if nbytes is None or not L.adopt(t.name, ns, k, nbytes):
-                    break
-                run.append(t.name)
+            since = deletes.probe_started()
+            try:
+                sizes = await t.probe_run(ns.id, keys[start:])
+                run: list[TierName] = []
+                for k, nbytes in zip(keys[start:], sizes):
+                    if run and not L.locate(ns, [k]).probe:
+                        return run, True
+                    # A copy our own eviction is deleting, or deleted while the
+                    # probe was out, is not adopted: the book would list a gone file.
+                    if (nbytes is None or deletes.stale(t.name, (ns.id, k), since)
+                            or not L.adopt(t.name, ns, k, nbytes)):
+                        break
+                    run.append(t.name)
+            finally:
+                deletes.probe_ended(since)
             if run:
                 # All it asked about were there: the chain may go on past them.
                 return run, len(run) == len(sizes)

@@ -67,6 +67,7 @@ class DiskStore:
         self._lock = threading.Lock()
         self._index: dict[tuple[bytes, bytes], int] = {}   # (ns, key) -> payload bytes
         self._used = 0                                      # file bytes of indexed blocks
+        self._forgets = 0   # forget() calls: a lookup's stat from before one is taken again
         # The block's own fsync covers its new directories (DurableDirs).
         self._dirs = DurableDirs(durability not in (NO_SYNC, FSYNC_AFTER_RENAME))
         self._pid = os.getpid()
@@ -307,6 +308,7 @@ class DiskStore:
     def forget(self, ns: bytes, key: bytes) -> None:
         """Drop the block from this daemon's index (its file is gone)."""
         with self._lock:
+            self._forgets += 1
             old = self._index.pop((ns, key), None)
             if old is not None:
                 self._used -= HEADER_BYTES + old
@@ -319,18 +321,27 @@ class DiskStore:
         ns, key = check_ns_key(ns, key)
         if (ns, key) in self._index:
             return True
+        for _ in range(3):
+            forgets = self._forgets
+            size = self._file_bytes(ns, key)
+            with self._lock:
+                if self._forgets != forgets:
+                    continue   # a delete ended meanwhile: the stat may be from before it
+                if size is not None and (ns, key) not in self._index:
+                    self._record(ns, key, size - HEADER_BYTES)
+                return size is not None
+        return False   # deletes all along: a miss, never a gone file indexed
+
+    def _file_bytes(self, ns: bytes, key: bytes) -> int | None:
+        """The block file's size, or None: no file, or too short to serve (a read
+        quarantines it)."""
         try:
             st = os.stat(self.block_path(ns, key), follow_symlinks=False)
         except FileNotFoundError:
-            return False
+            return None
         except OSError as e:
             raise self._io_error(e, f"looking up a block") from e
-        if st.st_size < HEADER_BYTES:
-            return False  # not a block we could serve; a read quarantines it
-        with self._lock:
-            if (ns, key) not in self._index:
-                self._record(ns, key, st.st_size - HEADER_BYTES)
-        return True
+        return st.st_size if st.st_size >= HEADER_BYTES else None
 
     def indexed_bytes(self, ns: bytes, key: bytes) -> int | None:
         """The payload size this daemon's index records for the block, or None;

@@ -145,3 +145,43 @@ async def test_a_promotion_outlives_the_reservation_timeout(build) -> None:
     assert (await t).matched == 1
     led.check_invariants()
     await stack.close()
+
+
+def late_answer(obj: Any, name: str, seconds: float) -> None:
+    """The call's answer, given `seconds` after it was found (a slow medium's reply)."""
+    real = getattr(obj, name)
+
+    def late(*a: Any, **k: Any) -> Any:
+        got = real(*a, **k)
+        time.sleep(seconds)
+        return got
+    setattr(obj, name, late)
+
+
+@pytest.mark.parametrize("probe_slow", [False, True])
+async def test_a_lookup_never_adopts_a_copy_its_eviction_is_deleting(build, probe_slow) -> None:
+    """A lookup's probe of the disk, while an eviction deletes that key's file
+    (still deleting, or done before the probe's answer comes back): adopted,
+    the book would list a gone file, and a write-through save of the key
+    would find it "already below" and be acknowledged with nothing written."""
+    led, stack, tier, s = build(pages=16, disk_blocks=5)
+    big = led.register_session("b", NamespaceDescriptor("big", block_tokens=4,
+                                                        block_bytes=4 * PAGE), 0.0)
+    await save(led, stack, s, [key(1)])          # disk: 1 (1 page)
+    await save(led, stack, big, [key(2)])        # and 2 (4 pages): full
+    led.reclaim_unpinned()                       # only the disk holds them
+    slow(tier.store, "delete_if_unpinned", 0.3)
+    if probe_slow:   # the probe finds the file, and answers after the delete ended
+        late_answer(tier.store, "contains", 0.5)
+    evicting = asyncio.create_task(save(led, stack, big, [key(3)], b"\xbb"))  # evicts 1 and 2
+    await asyncio.sleep(0.1)
+    assert (await stack.match(s.id, [key(1)], lease=False)).matched == 0
+    await evicting
+    assert not os.path.exists(tier.store.block_path(s.ns.id, key(1)))
+    assert led.lower["disk"].get(s.ns.id, key(1)) is None
+    await save(led, stack, s, [key(1)])          # acknowledged once on disk
+    assert os.path.exists(tier.store.block_path(s.ns.id, key(1)))
+    led.reclaim_unpinned()
+    assert (await stack.match(s.id, [key(1)], lease=True)).matched == 1
+    led.check_invariants()
+    await stack.close()
