@@ -127,9 +127,11 @@ class LedgerCollector:
               "line for eviction when released (Release with last_turn; a hit undoes it).",
               labels=tier),
             g(p + "tier_capacity_bytes", "Capacity of the tier.", labels=tier),
-            g(p + "tier_used_bytes", "Bytes of the tier's pages held by blocks.", labels=tier),
+            g(p + "tier_used_bytes", "Bytes of the tier's pages held by blocks, or kept out of use "
+              "a while after a save reservation the daemon ended.", labels=tier),
             g(p + "tier_pinned_bytes",
-              "Bytes of the tier that eviction cannot take (leased or being written).",
+              "Bytes of the tier that eviction cannot take (leased, being written, or kept "
+              "out of use after a save reservation the daemon ended).",
               labels=tier),
             g(p + "tier_evictable_bytes", "Bytes of the tier held by unreferenced committed blocks.",
               labels=tier),

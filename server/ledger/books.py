@@ -6,6 +6,8 @@ block's state and references.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from .chains import unlink
 from .records import Block
 from .states import BlockState, Event, next_state
@@ -55,14 +57,18 @@ def evict(b: Block, reason: str) -> int:
     return b.ns.pages_per_block
 
 
-def drop(b: Block, event: Event, reason: str) -> None:
-    """Remove `b` from the ledger and free its pages. It is already unlinked."""
+def drop(b: Block, event: Event, reason: str, cool_until: Optional[float] = None) -> None:
+    """Remove `b` from the ledger and free its pages, or with `cool_until` keep
+    them out of use till then (cooling.py). It is already unlinked."""
     was = b.state
     b.state = next_state(b, was, event, b.refs)
     tier: Tier = b.tier
     if tier.events is not None and was is BlockState.COMMITTED:
         tier.events.removed(b.ns.id, b.key)
-    tier.pages.free(b.pages, b.ns.pages_per_block)
+    if cool_until is None:
+        tier.pages.free(b.pages, b.ns.pages_per_block)
+    else:
+        tier.cooling.add(b.pages, b.ns.pages_per_block, cool_until)
     b.ns.used_pages -= b.ns.pages_per_block
     tier.blocks -= 1
     tier.evictions[reason] += 1

@@ -122,9 +122,13 @@ def _check_tier(led: "Ledger", tier: Tier, lease_refs: dict[int, int],
                     evictable += n
             else:
                 _bad(f"{b.label()} is in terminal state {b.state.value} but still filed")
-    if used != tier.used_pages:
-        _bad(f"{tier.name}: blocks hold {used} pages, allocator says {tier.used_pages}")
-    if owned & tier.pages.free_set():
+    if used + tier.cooling.pages != tier.used_pages:
+        _bad(f"{tier.name}: blocks hold {used} pages and {tier.cooling.pages} cool, "
+             f"allocator says {tier.used_pages}")
+    cool = tier.cooling.page_set()
+    if len(cool) != tier.cooling.pages or cool & owned:
+        _bad(f"{tier.name}: a cooling page is owned by a block, or counted twice")
+    if (owned | cool) & tier.pages.free_set():
         _bad(f"{tier.name}: a page is both free and owned")
     if tier.free_pages < 0 or tier.used_pages > tier.capacity_pages:
         _bad(f"{tier.name}: free pages negative")

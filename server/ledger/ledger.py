@@ -170,7 +170,7 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
         for lid in list(session.leases):
             self._release(self.leases[lid], discard=(), now=session.expires_at)
         for rid in list(session.reservations):
-            self._abort(self.reservations[rid], Event.ABORT)
+            self._abort(self.reservations[rid], Event.ABORT, reason != CLOSED)
         session.ns.sessions -= 1
         self.residency.drop(session.id)
         self.session_table.forget(session, reason)
@@ -396,14 +396,14 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
 
     def expire(self, now: float) -> ExpiryReport:
         """Drop sessions that missed their heartbeat and reservations never committed."""
-        report = ExpiryReport()
+        report = ExpiryReport(thawed_pages=sum(t.cooling.thaw(now) for t in self.tiers.values()))
         for session in [s for s in self.sessions.values() if s.expires_at < now]:
             self._drop_session(session, EXPIRED)
             report.sessions.append(session.id)
         # Not a promotion's (internal): its copy may still write the pages; the stack ends it.
         for res in [r for r in self.reservations.values()
                     if r.expires_at < now and r.session is not self.internal]:
-            self._abort(res, E.TIMEOUT)
+            self._abort(res, E.TIMEOUT, True)
             self.reservations_timed_out += 1
             report.reservations.append(res.id)
         return report

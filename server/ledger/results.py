@@ -34,6 +34,7 @@ class ReserveResult:
 class ExpiryReport:
     sessions: list[SessionId] = field(default_factory=list)
     reservations: list[ReservationId] = field(default_factory=list)
+    thawed_pages: int = 0   # pages of reservations the daemon ended, free again (cooling.py)
 
 
 @dataclass(frozen=True)

@@ -157,10 +157,14 @@ class Saves:
         evictable = tier.evictable_pages - protected
         if needed > tier.free_pages + evictable:
             also = f", not counting the {len(present)} present in this call" if present else ""
+            cool = tier.cooling.pages
+            held = (f"{tier.pinned_pages - cool} pinned by leases or writes" + (
+                f", {cool} kept out of use for a while after reservations the daemon ended"
+                if cool else ""))
             raise ResourceExhausted(
                 f"{tier.name} tier: saving {blocks} blocks needs {needed} pages but only "
                 f"{tier.free_pages} are free and {evictable} evictable{also} "
-                f"({tier.pinned_pages} pinned by leases or writes); queue, preempt or skip the save")
+                f"({held}); queue, preempt or skip the save")
 
     def _make_room(self: "Ledger", tier: Tier, needed: int, present: list[Block]) -> None:
         if tier.free_pages >= needed:
@@ -202,7 +206,7 @@ class Saves:
             raise NotFound(f"unknown reservation {rid}; call ReserveSave first")
         if res.expires_at < now:
             # Timed out but not yet swept: the same outcome as after expire(now).
-            self._abort(res, E.TIMEOUT)
+            self._abort(res, E.TIMEOUT, True)
             self.reservations_timed_out += 1
             raise FailedPrecondition(
                 f"reservation {rid} timed out after {self.config.reservation_timeout_s:g}s "
@@ -303,17 +307,20 @@ class Saves:
     def abort(self: "Ledger", sid: SessionId, rid: int, now: float,
               owner: Identity = LOCAL) -> None:
         res = self.reservation(sid, rid, now, owner)
-        self._abort(res, E.ABORT)
+        self._abort(res, E.ABORT, False)
         self.renew(res.session, now)
 
     def abort_internal(self: "Ledger", rid: int, now: float) -> None:
-        self._abort(self._open_reservation(self.internal, rid, now), E.ABORT)
+        self._abort(self._open_reservation(self.internal, rid, now), E.ABORT, False)
 
-    def _abort(self: "Ledger", res: Reservation, event: Event) -> None:
+    def _abort(self: "Ledger", res: Reservation, event: Event, writer_may_go_on: bool) -> None:
+        """End `res` unwritten. `writer_may_go_on`: the daemon ended it, not its
+        client, so its pages stay out of use a while (cooling.py)."""
         reason = "aborted" if event is E.ABORT else "reservation_timeout"
+        cool = res.expires_at + self.config.reservation_timeout_s if writer_may_go_on else None
         for b in res.blocks:
             b.tier.pending_blocks -= 1
-            books.drop(b, event, reason)
+            books.drop(b, event, reason, cool)
         del self.reservations[res.id]
         res.session.reservations.discard(res.id)
 

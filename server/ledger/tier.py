@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..ids import TierName
+from .cooling import Cooling
 from .pages import PageAllocator
 from .chains import ChainPolicy
 from .policy import make_policy
@@ -32,6 +33,7 @@ class Tier:
         self.name = spec.name
         self.page_bytes = spec.page_bytes
         self.pages = PageAllocator(spec.capacity_pages)
+        self.cooling = Cooling(self.pages)   # ended by the daemon: a late writer's (cooling.py)
         # The configured order, leaves first and strays first (chains.py).
         self.policy: ChainPolicy = ChainPolicy(make_policy(policy))
         self.evictable_pages = 0

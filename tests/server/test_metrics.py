@@ -236,6 +236,7 @@ def test_values_follow_the_ledger():
 
     # capacity eviction: fill the tier, then one more block
     now = 30.0
+    assert L.expire(now).thawed_pages == 2   # the timed-out reservation's pages (cooling.py)
     rid = L.reserve(s, [key(100 + i) for i in range(31)], now).reservation_id   # 62 pages + 2 held
     L.commit(s, rid, now)
     assert val(m, "kvkeeper_tier_used_pages", **host) == PAGES

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvkeeper.server.errors import FailedPrecondition
+from kvkeeper.server.errors import FailedPrecondition, ResourceExhausted
 from kvkeeper.server.ledger import BlockState, ExpiryReport
+from kvkeeper.server.ledger.pages import iter_pages
 
 
 @pytest.fixture
@@ -38,13 +39,18 @@ def test_session_expiry_releases_leases_and_aborts_reservations(busy, key):
         b = led.block(ns.id, k)
         assert b.state is BlockState.COMMITTED and b.refs == 0
         assert b.last_used == 30.0                # released at the session's deadline
-    # Pending blocks are gone and their pages are back.
+    # Pending blocks are gone. Their pages stay out of use until the
+    # reservation's deadline (60) plus the timeout again: its writer may still
+    # be copying (cooling.py).
     assert led.block(ns.id, key(3)) is None and led.block(ns.id, key(4)) is None
-    assert led.top.used_pages == 2 and led.top.free_pages == 6
+    assert led.top.used_pages == 4 and led.top.free_pages == 4
     assert led.top.evictable_pages == 2 and led.top.pending_blocks == 0
     assert led.top.evictions["aborted"] == 2
     led.check_invariants()
     assert led.expire(31.0) == ExpiryReport()     # nothing left to expire
+    assert led.expire(120.0) == ExpiryReport(thawed_pages=2)
+    assert led.top.used_pages == 2 and led.top.free_pages == 6
+    led.check_invariants()
 
 
 def test_expired_blocks_stay_usable_by_other_sessions(busy, descriptor, key):
@@ -130,7 +136,7 @@ def test_heartbeats_do_not_extend_reservations(make_ledger, descriptor, key):
     report = led.expire(61.0)
     assert report.sessions == [] and report.reservations == [r.reservation_id]
     assert led.reservations_timed_out == 1
-    assert led.top.used_pages == 0 and led.top.free_pages == 8
+    assert led.top.used_pages == 2 and led.top.free_pages == 6   # cooling till 120
     assert led.top.evictions["reservation_timeout"] == 2
     assert s.reservations == set() and s.id in led.sessions
     with pytest.raises(FailedPrecondition, match="timed out after 60s"):
@@ -148,7 +154,7 @@ def test_a_reservation_past_its_deadline_cannot_commit_before_the_sweep(make_led
     led.heartbeat(s.id, 50.0)
     with pytest.raises(FailedPrecondition, match="timed out"):
         led.commit(s.id, r.reservation_id, 61.0)
-    assert led.block(s.ns.id, key(1)) is None and led.top.used_pages == 0
+    assert led.block(s.ns.id, key(1)) is None and led.top.used_pages == 1   # cooling
     assert led.reservations_timed_out == 1
     assert led.expire(61.0) == ExpiryReport()
     assert led.match(s.id, [key(1)], lease=False, now=61.0).matched == 0
@@ -192,3 +198,61 @@ def test_expired_and_closed_sessions_free_their_namespace_count(make_ledger, des
     assert a.ns.sessions == 1 and led.sessions_expired == 0
     led.expire(100.0)
     assert a.ns.sessions == 0 and led.sessions_expired == 1
+
+
+def test_pages_the_daemon_took_back_stay_out_of_use_until_a_late_writer_is_past(
+        make_ledger, descriptor, key):
+    """A writer frozen mid-copy (SIGSTOP, a swap storm) past its reservation's
+    timeout or its session's expiry goes on writing its pages when it wakes:
+    they must not hold another client's acknowledged blocks by then. Pages of
+    a reservation its client aborted, or of a session its client closed, are
+    free at once."""
+    led = make_ledger(4)
+    a = led.register_session("a", descriptor(), 0.0)
+    b = led.register_session("b", descriptor(), 0.0)
+    led.reserve(a.id, [key(1), key(2)], 0.0)              # a freezes with these
+    led.heartbeat(b.id, 25.0)
+    led.heartbeat(b.id, 50.0)
+    assert led.expire(61.0).sessions == [a.id]             # no heartbeat: gone at 30
+    assert led.top.free_pages == 2                         # its 2 pages are not handed out
+    r = led.reserve(b.id, [key(3), key(4)], 61.0)
+    with pytest.raises(ResourceExhausted):                 # the cooling pages are not room
+        led.reserve(b.id, [key(5)], 61.0)
+    cooling = led.top.cooling.page_set()
+    assert len(cooling) == 2
+    for blk in r.blocks:
+        assert not set(iter_pages(blk.pages, 1)) & cooling
+    led.commit(b.id, r.reservation_id, 61.0)
+    led.heartbeat(b.id, 75.0)
+    assert led.expire(119.0).thawed_pages == 0
+    assert led.expire(120.0).thawed_pages == 2             # its deadline 60 + the timeout 60
+    assert led.top.free_pages == 2
+    led.check_invariants()
+
+
+def test_a_client_abort_or_close_frees_its_pages_at_once(make_ledger, descriptor, key):
+    led = make_ledger(4)
+    a = led.register_session("a", descriptor(), 0.0)
+    r = led.reserve(a.id, [key(1), key(2)], 0.0)
+    led.abort(a.id, r.reservation_id, 1.0)
+    assert led.top.free_pages == 4
+    led.reserve(a.id, [key(1), key(2)], 1.0)
+    led.close_session(a.id, 2.0)
+    assert led.top.free_pages == 4
+    led.check_invariants()
+
+
+@pytest.mark.parametrize("end", ["expire", "revoke"])
+def test_a_session_the_daemon_ended_cools_its_reservations_pages(make_ledger, descriptor, key,
+                                                                 end):
+    led = make_ledger(4)
+    a = led.register_session("a", descriptor(), 0.0)
+    led.reserve(a.id, [key(1)], 10.0)                      # deadline 70
+    if end == "expire":
+        assert led.expire(41.0).sessions == [a.id]
+    else:
+        led.revoke([a.id])
+    assert led.top.free_pages == 3
+    assert led.expire(129.0).thawed_pages == 0
+    assert led.expire(130.0).thawed_pages == 1 and led.top.free_pages == 4
+    led.check_invariants()

@@ -68,6 +68,8 @@ class LedgerMachine(RuleBasedStateMachine):
         # Open watch calls: (the ledger's Watch, its sid, the reasons on_end was given).
         self.watches: list[tuple[Any, str, list[str]]] = []
         self.disconnected = 0                    # sessions ended by their last watch
+        # Pages of reservations the ledger ended itself, out of use till then: (until, pages).
+        self.cooling: list[tuple[float, int]] = []
 
     # ------------------------------------------------------------ model helpers
     def leased(self) -> Counter:
@@ -77,7 +79,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 c[(n, k)] += 1
         return c
 
-    def drop_session(self, sid: str) -> None:
+    def drop_session(self, sid: str, closed: bool = False) -> None:
         n, _, owner = self.sess.pop(sid)
         self.dead[sid] = n
         self.dead_owner[sid] = owner
@@ -85,11 +87,15 @@ class LedgerMachine(RuleBasedStateMachine):
             del self.leases[lid]
             self.old_leases[lid] = sid
         for rid in [r for r, v in self.res.items() if v[0] == sid]:
-            self.drop_reservation(rid)
+            self.drop_reservation(rid, cool=not closed)
 
-    def drop_reservation(self, rid: int) -> None:
-        sid, n, keys, _ = self.res.pop(rid)
+    def drop_reservation(self, rid: int, cool: bool = True) -> None:
+        """The ledger ended it unwritten: its pages cool unless its client said
+        it writes no more (cooling.py)."""
+        sid, n, keys, deadline = self.res.pop(rid)
         self.pending[n] -= set(keys)
+        if cool:
+            self.cooling.append((deadline + RES_TIMEOUT, PPB[n] * len(keys)))
         self.old_res[rid] = sid
 
     def gate(self, sid: str):
@@ -167,6 +173,7 @@ class LedgerMachine(RuleBasedStateMachine):
             self.expire()
 
     def expire(self):
+        self.cooling = [c for c in self.cooling if c[0] > self.now]   # thawed first
         want_sessions = {sid for sid, (_, dl, _) in self.sess.items() if dl < self.now}
         for sid in want_sessions:
             self.drop_session(sid)
@@ -200,7 +207,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 self.led.close_session(sid, self.now, self.who)
             return
         self.led.close_session(sid, self.now, self.who)
-        self.drop_session(sid)
+        self.drop_session(sid, closed=True)
 
     @precondition(lambda self: len(self.watches) < 6)
     @rule(data=st.data())
@@ -351,6 +358,37 @@ class LedgerMachine(RuleBasedStateMachine):
         for rid in sorted(set(self.res) - res_before):
             self.close_reservation(rid, self.as_owner(sid), commit=True)
 
+    def refuses_admission(self, sid, keys, parent) -> bool:
+        """s3fifo may turn away a run that continues a cold one (a one-off
+        document, a demoted last turn) where it would evict (s3fifo.admit_run,
+        tested in test_s3fifo.py). When a copy of the ledger refuses, the
+        ledger must refuse alike: every new key NOT_ADMITTED, nothing else
+        changed, and only when the free pages would not do."""
+        if self.policy != "s3fifo":
+            return False
+        twin = copy.deepcopy(self.led)
+        try:
+            r = twin.reserve(sid, keys, self.now, owner=self.who, parent=parent)
+        except ResourceExhausted:
+            return False
+        if SlotStatus.NOT_ADMITTED not in r.statuses:
+            return False
+        event("reserve: s3fifo admission refused a cold run")
+        tier = self.led.top
+        before = (self.present(), tier.free_pages, tier.evictable_pages, dict(tier.evictions),
+                  tier.admission_refused)
+        got = self.led.reserve(sid, keys, self.now, owner=self.who, parent=parent)
+        self.renew(sid)
+        refused = [i for i, st_ in enumerate(got.statuses) if st_ == SlotStatus.NOT_ADMITTED]
+        assert got.statuses == r.statuses and got.reservation_id is None
+        n = self.sess[sid][0]
+        assert all(keys[i] not in self.committed[n] | self.pending[n] for i in refused)
+        assert tier.free_pages < PPB[n] * len(refused), "refused with room free"
+        after = (self.present(), tier.free_pages, tier.evictable_pages, dict(tier.evictions),
+                 tier.admission_refused - len(refused))
+        assert after == before
+        return True
+
     def do_reserve(self, sid, keys, then_commit, parent=None):
         err = self.gate(sid)
         if err:
@@ -369,12 +407,14 @@ class LedgerMachine(RuleBasedStateMachine):
                 statuses.append(SlotStatus.RESERVED)
                 new.append(k)
         pinned = sum(PPB[m] * (len(self.pending[m]) + len({k for (mm, k) in leased if mm == m}))
-                     for m in (0, 1))
+                     for m in (0, 1)) + sum(pages for _, pages in self.cooling)
         protected = {(n, k) for k, st_ in zip(keys, statuses)
                      if st_ == SlotStatus.PRESENT and leased[(n, k)] == 0}
         room = CAP - pinned - PPB[n] * len(protected)
         needed = PPB[n] * len(new)
         tier = self.led.top
+        if new and self.refuses_admission(sid, keys, parent):
+            return
         if new and needed > room:
             event("reserve: resource exhausted")
             before = (self.present(), tier.free_pages, tier.evictable_pages, dict(tier.evictions))
@@ -498,6 +538,7 @@ class LedgerMachine(RuleBasedStateMachine):
         flags = [stranded(b) for b in tier.policy]
         assert flags == sorted(flags, reverse=True), "a stranded block is not evicted first"
         used = sum(PPB[n] * (len(self.committed[n]) + len(self.pending[n])) for n in (0, 1))
+        used += sum(pages for _, pages in self.cooling)
         assert tier.used_pages == used
         assert tier.free_pages == CAP - used >= 0
         leased = self.leased()
