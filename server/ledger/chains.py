@@ -7,7 +7,9 @@ stranded, never matchable again, only taking room. Two rules keep that out:
 * A parent is not evicted before its cached children. The policy proposes a
   victim; one with cached children is parked instead, and leaves the parked
   list when its last child leaves (to `due`: the policy had chosen it
-  already) or when it is hit (back to the policy). Only when nothing but
+  already) or when it is hit (back to the policy); a block in `due` goes
+  back to the policy when hit, and is parked again when it gets a cached
+  child (a save under a prefix just read). Only when nothing but
   parked blocks is evictable (every evictable block is an ancestor of a
   pinned or pending one) is a parked block evicted.
 * A block whose parent is gone is stranded, and so is its whole subtree: the
@@ -64,6 +66,10 @@ def link(child: Any, parent: Any) -> None:
         parent.child = child
     else:
         parent.ns.more_kids.setdefault(parent, set()).add(child)
+    if parent.pq & (PLACE | STRANDED) == DUE:
+        # A victim-in-waiting (its last child had left) has a child again:
+        # it waits behind it, or the child would be stranded by its eviction.
+        parent.tier.policy.repark(parent)
 
 
 def children(b: Any) -> list[Any]:
@@ -189,6 +195,12 @@ class ChainPolicy(EvictionPolicy):
             raise ValueError("node is not held by this policy")
         self._place(block, 0)
 
+    def repark(self, block: Any) -> None:
+        """A block in `due` got a cached child: parked again till it leaves."""
+        self.due.remove(block)
+        self.parked.append(block)
+        self._place(block, PARKED)
+
     def unpark(self, block: Any) -> None:
         """`block`'s last cached child left: evict it next."""
         self.parked.remove(block)
@@ -207,6 +219,11 @@ class ChainPolicy(EvictionPolicy):
             inner_read(block)
         elif place == PARKED:     # used again: back into the policy's order
             self.parked.remove(block)
+            self.inner.add(block)
+            self._place(block, INNER)
+            inner_read(block)
+        elif place == DUE and not block.pq & STRANDED:   # read again: back into the order
+            self.due.remove(block)
             self.inner.add(block)
             self._place(block, INNER)
             inner_read(block)

@@ -89,6 +89,8 @@ def _check_chains(ns) -> None:  # type: ignore[no-untyped-def]
             _bad(f"{b.label()} is stranded (its parent is gone) yet not evicted first")
         if place == PARKED and b.child is None:
             _bad(f"{b.label()} is parked without a cached child")
+        if place == DUE and not b.pq & STRANDED and b.child is not None:
+            _bad(f"{b.label()} is due for eviction before its cached child")
     for p, more in ns.more_kids.items():
         if not more or ns.blocks.get(p.key) is not p:
             _bad(f"namespace {ns.id.hex()[:8]}: children kept for a block that left or has none")

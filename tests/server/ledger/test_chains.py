@@ -224,3 +224,38 @@ def test_rereads_count_in_full_once_the_namespace_says_last_turns(make_ledger, d
         led.match(s.id, a, lease=False, now=5.0 + t)
     assert [b.pq & FREQ for b in blk] == [3, 3, 3]
     led.check_invariants()
+
+
+@pytest.mark.parametrize("read_first", [False, True])
+def test_a_due_parent_that_gets_a_child_again_waits_behind_it(make_ledger, descriptor, key,
+                                                              policy, read_first):
+    """A parent whose last child left waits in `due`, first in line. A
+    conversation that reads it again (and saves its next turn under it) must
+    take it out of there: a read puts it back in the policy's order, a new
+    cached child parks it behind that child; evicted first, it would strand
+    the child it just got."""
+    led = make_ledger(4, policy=policy)
+    s = led.register_session("i", descriptor(), 0.0)
+    A, B, C, X, Y, Z = (key(i) for i in range(1, 7))
+
+    def put(k, parent, now):
+        r = led.reserve(s.id, [k], now, parent=parent)
+        led.commit(s.id, r.reservation_id, now)
+    put(A, b"", 0.0)
+    put(B, A, 0.5)
+    put(X, b"", 1.0)
+    put(Z, b"", 1.5)
+    put(Y, b"", 2.0)              # full: A is parked behind B, B goes, A is due
+    a = led.block(s.ns.id, A)
+    assert led.block(s.ns.id, B) is None and a in list(led.top.policy.due)
+    lz = led.match(s.id, [Z], lease=True, now=2.5).lease_id
+    led.release(s.id, lz, 2.5, discard=True)   # one page free, A untouched
+    if read_first:
+        led.match(s.id, [A, C], lease=False, now=3.0)
+        assert a not in list(led.top.policy.due), "a read left it first in line"
+    put(C, A, 3.0)                # its next turn, under it: no eviction needed
+    assert a not in list(led.top.policy.due)
+    led.check_invariants()
+    put(key(50), b"", 4.0)        # one page of room: not A, whose child C is cached
+    assert led.match(s.id, [A, C], lease=False, now=5.0).matched == 2
+    led.check_invariants()
