@@ -44,11 +44,6 @@ class DiskEntry:
         self.next: Optional[DiskEntry] = None
         self.pq = 0     # the policy's bits (policy.py)
 
-    @property
-    def key(self) -> Where:
-        """What the policy's ghost remembers an entry by."""
-        return self.where
-
     def label(self) -> str:
         return f"{self.where[0].hex()[:8]}/{self.where[1].hex()[:16]}"
 

@@ -112,6 +112,11 @@ class Block:
         # The eviction policy's bits (policy.py): frequency, queue, place.
         self.pq = 0
 
+    @property
+    def where(self) -> tuple[bytes, bytes]:
+        """(namespace id, key): what the policy's ghosts remember it by."""
+        return (self.ns.id, self.key)
+
     def label(self) -> str:
         return f"{self.ns.id.hex()[:8]}/{self.key.hex()[:16]}"
 

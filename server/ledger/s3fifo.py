@@ -153,8 +153,10 @@ class Ghost:
 
 
 def _key(node: Any) -> Any:
-    # Blocks are keyed by their key (a namespace's), disk entries by where they are.
-    return node.key
+    # What a ghost remembers a node by: (namespace, key), a block's and a disk
+    # entry's alike. By the bare key, one tenant's saves could read another's
+    # evictions through admission (a guessed key RESERVED or NOT_ADMITTED).
+    return node.where
 
 
 class S3FIFOPolicy(EvictionPolicy):

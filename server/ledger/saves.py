@@ -78,7 +78,7 @@ class Saves:
             first = new[0]
             run_parent = (ns.blocks[keys[first - 1]] if first
                           else self._first_parent(ns, keys[0], parent, take=False))
-            run = tier.policy.admit_run([keys[i] for i in new], run_parent,
+            run = tier.policy.admit_run([(ns.id, keys[i]) for i in new], run_parent,
                                         evicts=tier.free_pages < needed)
             if run == REFUSE:
                 tier.admission_refused += len(new)

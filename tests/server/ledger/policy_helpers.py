@@ -5,11 +5,12 @@ from kvkeeper.server.ledger.policy import EvictionPolicy
 
 
 class Blk:
-    __slots__ = ("name", "key", "hits", "prev", "next", "pq", "child")
+    __slots__ = ("name", "key", "where", "hits", "prev", "next", "pq", "child")
 
     def __init__(self, name: str, hits: int = 0) -> None:
         self.name, self.hits = name, hits
         self.key = name.encode()
+        self.where = (b"ns", self.key)   # what s3fifo's ghosts remember
         self.prev = self.next = None
         self.pq = 0
         self.child = None    # chains.py: a cached child (admit_run reads it)

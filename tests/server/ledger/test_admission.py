@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvkeeper.server.ids import Identity
 from kvkeeper.server.ledger import SlotStatus
 from kvkeeper.server.ledger.policy import COLD, FREQ, QUEUE, Q1, Q2, S3FIFOPolicy
 
@@ -114,4 +115,37 @@ def test_promotions_are_never_refused(make_ledger, descriptor, key, store):
     r = led.reserve_internal(s.ns.id, keys(key, 1000, RUN + 1), 2.0)
     assert r.reservation_id is not None and led.top.admission_refused == 0
     led.abort_internal(r.reservation_id, 2.0)
+    led.check_invariants()
+
+
+def test_one_tenant_cannot_read_anothers_evictions_through_admission(make_ledger, descriptor,
+                                                                     key):
+    """s3fifo's ghosts remember (namespace, key): a tenant who guesses another
+    tenant's key and saves it in a long run on a full tier is answered as for
+    any key it never saved."""
+    A, B = Identity("token:a"), Identity("token:b")
+    led = make_ledger(20, policy="s3fifo", lease_ttl_s=1000.0)
+    a = led.register_session("a", descriptor("model-A"), 0.0, owner=A)
+    b = led.register_session("b", descriptor("model-B"), 0.0, owner=B)
+
+    def put(sid, keys, now, owner):
+        r = led.reserve(sid, keys, now, parent=b"", owner=owner)
+        if r.reservation_id is not None:
+            led.commit(sid, r.reservation_id, now, owner=owner)
+    secret = key(777)
+    put(a.id, [secret], 0.0, A)
+    for i in range(20):                  # A's traffic fills the tier: the secret goes
+        put(a.id, [key(1000 + i)], 1.0 + i, A)
+    assert led.block(a.ns.id, secret) is None
+
+    def probe(guess, base):
+        for i in range(20):
+            put(a.id, [key(base + 100000 + i)], 20.0, A)
+        assert led.top.free_pages == 0
+        r = led.reserve(b.id, [key(base + i) for i in range(16)] + [guess], 30.0,
+                        parent=b"", owner=B)
+        if r.reservation_id is not None:
+            led.abort(b.id, r.reservation_id, 30.0, owner=B)
+        return r.statuses[-1]
+    assert probe(secret, 5000) == probe(key(888), 6000)
     led.check_invariants()

@@ -54,7 +54,7 @@ def test_s3fifo_probation_grows_on_its_ghosts_and_shrinks_on_main_s():
         drain(p)
     grown = p.share
     assert grown > start
-    p.main_ghost.put(b"m")
+    p.main_ghost.put((b"ns", b"m"))
     m = Blk("m")
     p.add(m)                             # came back from main's ghost: to main, share down
     assert p.share < grown and m.pq & 0xC == 0x8
@@ -95,7 +95,7 @@ def test_s3fifo_cold_blocks_go_first_and_a_hit_sends_one_to_main():
     listed = [b.name for b in p]
     assert listed[:3] == ["c0", "c3", "c2"] and listed[-1] == "c1"
     assert drain(p) == listed
-    assert b"c0" in p.ghost                # evicted unhit, as from probation
+    assert (b"ns", b"c0") in p.ghost                # evicted unhit, as from probation
 
 
 def test_s3fifo_admit_run_refuses_a_long_fresh_run_only_when_it_would_evict():
@@ -142,7 +142,7 @@ def test_s3fifo_a_run_under_a_leaf_read_once_is_warm_and_probation_keeps_it():
     assert warm.pq & QUEUE == Q1
     while (b := q.pop()) is not warm:
         assert b in mains
-    assert b"plain" in q.ghost and b"warm" not in q.ghost
+    assert (b"ns", b"plain") in q.ghost and (b"ns", b"warm") not in q.ghost
 
 
 def test_s3fifo_a_reread_earns_at_most_one_pass_through_main():
