@@ -86,6 +86,10 @@ class Saves:
                     statuses[i] = SlotStatus.NOT_ADMITTED
                 return ReserveResult(None, statuses, [None] * len(keys), expires_at)
         self._check_quota(ns, tier, needed, len(new))
+        up = self._first_parent(ns, keys[0], parent, take=False) if new[0] == 0 else None
+        if up is not None and up is not GONE and up.refs == 0 and up.state is S.COMMITTED \
+                and up not in present:
+            present = [*present, up]   # room for a save never evicts the block it extends
         self._check_room(tier, needed, len(new), present)
         self._make_room(tier, needed, present)
         entries: list[Optional[Block]] = [None] * len(keys)

@@ -259,3 +259,20 @@ def test_a_due_parent_that_gets_a_child_again_waits_behind_it(make_ledger, descr
     put(key(50), b"", 4.0)        # one page of room: not A, whose child C is cached
     assert led.match(s.id, [A, C], lease=False, now=5.0).matched == 2
     led.check_invariants()
+
+
+def test_a_save_never_evicts_the_block_it_extends(make_ledger, descriptor, key, policy):
+    """A save under an unleased parent (decode blocks, a client that saves
+    without a lookup) on a full tier: making its room must not evict that
+    parent, or the new block is stranded (never matchable) from birth."""
+    led = make_ledger(3, policy=policy)
+    s = led.register_session("i", descriptor(), 0.0)
+    P, X, Y, C = key(1), key(2), key(3), key(4)
+    for i, k in enumerate((P, X, Y)):
+        r = led.reserve(s.id, [k], float(i), parent=b"")
+        led.commit(s.id, r.reservation_id, float(i))
+    r = led.reserve(s.id, [C], 3.0, parent=P)        # P is the oldest: the policy's first pick
+    assert led.block(s.ns.id, P) is not None and r.blocks[0].parent is led.block(s.ns.id, P)
+    led.commit(s.id, r.reservation_id, 3.0)
+    assert led.match(s.id, [P, C], lease=False, now=4.0).matched == 2
+    led.check_invariants()

@@ -358,6 +358,14 @@ class LedgerMachine(RuleBasedStateMachine):
         for rid in sorted(set(self.res) - res_before):
             self.close_reservation(rid, self.as_owner(sid), commit=True)
 
+    def first_parent(self, n, key, parent):
+        """The key a save's first key is filed under: the one named, else the
+        one a Match that stopped at `key` hit last (the ledger's hint)."""
+        if parent is None:
+            hinted = self.led.namespaces[self.ns_ids[n]].hints.get(key)
+            return None if hinted is None else bytes(hinted.key)
+        return parent or None
+
     def refuses_admission(self, sid, keys, parent) -> bool:
         """s3fifo may turn away a run that continues a cold one (a one-off
         document, a demoted last turn) where it would evict (s3fifo.admit_run,
@@ -410,6 +418,9 @@ class LedgerMachine(RuleBasedStateMachine):
                      for m in (0, 1)) + sum(pages for _, pages in self.cooling)
         protected = {(n, k) for k, st_ in zip(keys, statuses)
                      if st_ == SlotStatus.PRESENT and leased[(n, k)] == 0}
+        up = self.first_parent(n, keys[0], parent) if new and new[0] == keys[0] else None
+        if up is not None and up in self.committed[n] and not leased[(n, up)]:
+            protected.add((n, up))           # a save never evicts the block it extends
         room = CAP - pinned - PPB[n] * len(protected)
         needed = PPB[n] * len(new)
         tier = self.led.top
