@@ -135,8 +135,8 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
 
     def revoke(self, sids: Iterable[SessionId]) -> None:
         """End these live sessions now: a reload took their model from their token."""
-        for session in [self.sessions[sid] for sid in sids if sid in self.sessions]:
-            self._drop_session(session, REVOKED)
+        for session in [self.sessions[s] for s in dict.fromkeys(sids) if s in self.sessions]:
+            self._drop_session(session, REVOKED)   # once each, whatever the caller repeats
 
     def watch(self, sid: SessionId, now: float, owner: Identity,
               on_end: Callable[[str], None]) -> Watch:
@@ -222,8 +222,8 @@ class Ledger(Saves, LowerBooks, RoutingCalls):
             # follow: its parent is the last hit (saves.py _first_parent), unless it names one.
             hints = session.ns.hints
             hints[keys[len(hit)]] = hit[-1]  # type: ignore[index]
-            if len(hints) > HINTS:
-                del hints[next(iter(hints))]
+            if len(hints) > HINTS:   # the oldest; popitem(last=False) is O(1)
+                hints.popitem(last=False)
         # Tail first, so that within a chain the head is the most recently used
         # and eviction takes the tail: a prefix that loses its head is unmatchable.
         # The first `rereads` of them are the reader's own history (chains.private_run).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Union
 
@@ -69,7 +70,7 @@ class Namespace:
         self.more_kids: dict[Block, set[Block]] = {}
         # Key -> the block before it in a chain a Match named but did not hit:
         # the parent of a save that starts there (bounded, see saves.py).
-        self.hints: dict[bytes, Block] = {}
+        self.hints: OrderedDict[bytes, Block] = OrderedDict()   # trimmed oldest first
         # Its clients say when a conversation ends (a release with last_turn
         # came): ended histories get demoted, so a lookup reading its own
         # history back needs no discount (chains.private_run) and its hits count.

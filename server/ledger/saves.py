@@ -45,10 +45,13 @@ class Saves:
         reserved, each is NOT_ADMITTED, and nothing is evicted.
         """
         session = self.session(sid, now, owner)
+        if parent is not None and not isinstance(parent, (bytes, bytearray, memoryview)):
+            raise InvalidArgument(f"parent key must be bytes, got {type(parent).__name__}")
+        parent = None if parent is None else bytes(parent)
         if parent is not None and parent and len(parent) != self.config.key_bytes:
             raise InvalidArgument(f"parent key has {len(parent)} bytes; every key must be "
                                   f"{self.config.key_bytes} bytes (b\"\" for a chain's first block)")
-        if parent and parent in set(keys):
+        if parent and any(parent == k for k in keys):   # keys are checked in _reserve
             raise InvalidArgument("parent key is one of the keys; name the key before the first")
         r = self._reserve(session, session.ns, keys, now, track_writes, parent)
         self.renew(session, now)

@@ -133,7 +133,13 @@ def test_a_save_names_its_parent_or_its_chain_start(make_ledger, descriptor, key
         led.reserve(s.id, [key(20)], 2.0, parent=b"abc")
     with pytest.raises(InvalidArgument, match="one of the keys"):
         led.reserve(s.id, [key(20), key(21)], 2.0, parent=key(21))
+    with pytest.raises(InvalidArgument, match="parent key must be bytes"):
+        led.reserve(s.id, [key(20)], 2.0, parent=[1, 2])
+    with pytest.raises(InvalidArgument, match="key 0 is a list"):
+        led.reserve(s.id, [[1, 2]], 2.0, parent=key(1))   # not an unhashable TypeError
     assert snapshot(led) == before
+    r = led.reserve(s.id, [bytearray(key(20))], 2.0, parent=bytearray(key(8)))
+    assert led.block(s.ns.id, key(20)).parent is led.block(s.ns.id, key(8))
 
 
 def test_a_hit_on_a_parked_parent_puts_it_back_in_the_order(make_ledger, descriptor, key,

@@ -22,7 +22,7 @@ def test_revoke_ends_the_sessions_named_and_only_those(make_ledger, descriptor, 
     told: list[str] = []
     led.watch(a.id, 0.0, T, told.append)
     assert led.top.evictable_pages == 0
-    led.revoke([a.id, SessionId("f-unknown")])    # an id already gone is skipped
+    led.revoke([a.id, SessionId("f-unknown"), a.id])   # an id gone, or repeated, is skipped
     assert a.id not in led.sessions and b.id in led.sessions
     assert lease not in led.leases and res not in led.reservations
     assert told == ["revoked"] and led.session_ends["revoked"] == 1
