@@ -185,3 +185,25 @@ async def test_a_lookup_never_adopts_a_copy_its_eviction_is_deleting(build, prob
     assert (await stack.match(s.id, [key(1)], lease=True)).matched == 1
     led.check_invariants()
     await stack.close()
+
+
+async def test_a_flush_whose_evictions_delete_fails_leaves_no_entry_writing(build) -> None:
+    """An unexpected error deleting the copy a reservation evicted fails that
+    save; its own book entry must not stay WRITING (never written again,
+    never promotable, its room taken for good)."""
+    led, stack, tier, s = build(disk_blocks=2)
+    await save(led, stack, s, [key(1)])
+    await save(led, stack, s, [key(2)])          # the disk is full
+    real = tier.forget
+
+    async def boom(where: Any) -> None:
+        tier.forget = real
+        raise RuntimeError("the tier's executor is shut down")
+    tier.forget = boom
+    with pytest.raises(RuntimeError):
+        await save(led, stack, s, [key(3)])      # evicts 1, whose delete raises
+    entry = led.lower["disk"].entries.get((s.ns.id, key(3)))
+    assert entry is None or entry.state is not DiskState.WRITING
+    await stack.flusher.drain()
+    led.check_invariants()
+    await stack.close()
