@@ -4,20 +4,21 @@ health + reflection + metrics.
 Shape after grpc's own examples: `create_server(config)` returns
 `(server, port)` with the TCP port actually bound (tests ask for port 0).
 Shutdown order: health NOT_SERVING, refuse new RPCs, let in-flight ones
-finish within the grace period, then release the tiers.
+finish within the grace period, then release the tiers (every release step
+runs, whatever failed before it). Running it as a process (signals, SIGHUP,
+exit status): ops/process.py.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
-import signal
 import time
 from dataclasses import replace
 from typing import Any, Callable, Optional
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from kvkeeper.client.match_lane import lane_path
@@ -27,6 +28,7 @@ from kvkeeper.v1 import residency_pb2, residency_pb2_grpc
 
 from .api.admin import AdminServicer
 from .api.decoding import GenericOnly, add_guarded
+from .api.health import SERVING, Health
 from .api.match_lane import LaneCollector, MatchLaneServer
 from .api.residency import ResidencyServicer
 from .api.servicer import BULK_CODECS, KVKeeperServicer
@@ -41,6 +43,9 @@ from .ops.reload import plan_reload
 from .ops.sdnotify import notify as sd_notify
 from .ops.sdnotify import start_progress
 from .ops.socketpath import claim_socket_path
+from .ops.startfaults import ADDRESS_ERRNOS, PATH_ERRNOS, SIZE_ERRNOS, blame
+from .ops.startsignals import interruptible
+from .ops.teardown import run_all
 from .ops.watch import CounterWatch
 from .peer.metrics import PeerCollector
 from .peer.service import PeerService
@@ -67,7 +72,9 @@ LINGER_SECONDS = 0.5
 class Daemon:
     """One running kvkeeper: the grpc.aio server and what it serves."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, interrupt: Optional[Callable[[], None]] = None) -> None:
+        """`interrupt`: called during long start-up steps; what it raises ends start-up
+        (ops/startsignals.py: a SIGTERM while the arena is prefaulted)."""
         self.config = config
         # grpc's ERROR for a call whose client just left is no daemon fault (ops/grpclog.py).
         grpclog.install()
@@ -88,11 +95,16 @@ class Daemon:
             # here, not after replacing the live daemon's arena file.
             claim_socket_path(os.path.abspath(config.listen.socket))
         t0 = time.perf_counter()
+        path = os.path.join(ht.shm_dir, name)
         try:
-            self.arena = Arena.create(os.path.join(ht.shm_dir, name), ht.capacity_bytes,
-                                      ht.page_bytes, prefault_pages=ht.prefault,
-                                      progress=start_progress("prefaulting the arena",
-                                                              ht.capacity_bytes))
+            with blame(config, "host_tier.capacity_bytes", f"the arena {path} cannot be that large",
+                       SIZE_ERRNOS), \
+                    blame(config, "host_tier.shm_dir", f"cannot create the arena {path}",
+                          PATH_ERRNOS, path=path):
+                self.arena = Arena.create(path, ht.capacity_bytes, ht.page_bytes,
+                                          prefault_pages=ht.prefault, progress=interruptible(
+                                              start_progress("prefaulting the arena",
+                                                             ht.capacity_bytes), interrupt))
         except ArenaSpaceError as e:
             raise ConfigError(e.strerror, key="host_tier.capacity_bytes",
                               source=config.source_of("host_tier.capacity_bytes")) from None
@@ -145,7 +157,7 @@ class Daemon:
             self.admin = AdminServicer(self.ledger, self.servicer, self.stack)
             add_guarded(admin_pb2_grpc.add_KVKeeperAdminServicer_to_server, self.admin, self.server)
             services.append(ADMIN_SERVICE_NAME)
-        self.health = health.aio.HealthServicer()
+        self.health = Health()
         # Generic handlers only, as add_guarded's (decoding.GenericOnly: per-call cost).
         health_pb2_grpc.add_HealthServicer_to_server(self.health, GenericOnly(self.server))
         reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection.aio.ReflectionServicer(
@@ -157,6 +169,8 @@ class Daemon:
         self._reaper: Optional[asyncio.Task[None]] = None
         self._gc_ticker: Optional[asyncio.Task[None]] = None
         self._stopped = False
+        # grpc's server: None before start(), False while (or if never past) its start, True after.
+        self._started: Optional[bool] = None
         # Same-host peer handles (KV cache memory as descriptors), beside the socket.
         self.peer: Optional[PeerService] = None
         # Match without gRPC, beside the socket (api/match_lane.py); none with tokens.
@@ -178,7 +192,9 @@ class Daemon:
         if self.config.metrics.address:
             # First: the socket's backlog accepts as soon as its port is added,
             # before start(), and whoever waits for it may scrape at once.
-            self._metrics_http = self.metrics.start_http(self.config.metrics.address)
+            with blame(self.config, "metrics.address", "cannot serve /metrics there",
+                       ADDRESS_ERRNOS):
+                self._metrics_http = self.metrics.start_http(self.config.metrics.address)
         if lc.socket:
             path = os.path.abspath(lc.socket)
             claim_socket_path(path)
@@ -203,7 +219,16 @@ class Daemon:
                 raise RuntimeError(f"could not listen on {lc.tcp}")
         return self.port
 
+    @property
+    def metrics_address(self) -> str:
+        """Where /metrics is served, with the port bound (metrics.address may say 0), or "off"."""
+        m = self._metrics_http
+        if m is None:
+            return "off"
+        return f"[{m.host}]:{m.port}" if ":" in m.host else f"{m.host}:{m.port}"
+
     async def start(self) -> None:
+        self._started = False
         # Before the first request can arrive: the ledger and the disk tier's
         # recovered index are built, and nothing in flight gets frozen with them.
         settled = self.gc.settle(time.monotonic())
@@ -211,6 +236,7 @@ class Daemon:
             log.info("gc: %d objects frozen after start-up (collection and freeze took %.3fs)",
                      self.gc.frozen_objects, settled.seconds)
         await self.server.start()
+        self._started = True
         if self.socket_path:
             os.chmod(self.socket_path, self.config.listen.socket_mode)
             give_group(self.socket_path, self._gid)
@@ -220,12 +246,12 @@ class Daemon:
             await self.lane.start()
         self._reaper = asyncio.get_running_loop().create_task(self._reap())
         self._gc_ticker = asyncio.get_running_loop().create_task(self._gc_ticks())
-        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        await self.health.set("", SERVING)
+        await self.health.set(SERVICE_NAME, SERVING)
         log.info("kvkeeper %s serving: socket=%s tcp=%s metrics=%s arena=%s (%d pages of %d B) policy=%s "
                  "auth=%s admin=%s",
                  package_version(), self.socket_path, self.config.listen.tcp and f"port {self.port}",
-                 self.config.metrics.address or "off", self.arena.path, self.arena.page_count,
+                 self.metrics_address, self.arena.path, self.arena.page_count,
                  self.arena.page_bytes, self.ledger.config.policy, self._auth_summary(),
                  "on" if self.admin is not None else "off")
         sd_notify(f"READY=1\nSTATUS=serving socket={self.socket_path or '-'} "
@@ -249,7 +275,8 @@ class Daemon:
     async def _gc_ticks(self) -> None:
         """GcPolicy's ticks on a timer of their own: the interval may be under a second."""
         while True:
-            await asyncio.sleep(self.gc.interval_s or REAP_INTERVAL_S)
+            # At most REAP_INTERVAL_S: a reload may shorten the interval (tick() checks due()).
+            await asyncio.sleep(min(self.gc.interval_s or REAP_INTERVAL_S, REAP_INTERVAL_S))
             try:
                 self.gc.tick(time.monotonic())
             except Exception:  # noqa: BLE001 - as the reaper: outlive a bug report
@@ -309,37 +336,54 @@ class Daemon:
         grace = self.config.server.grace_seconds if grace is None else grace
         calls = self.servicer.calls
         deadline = time.monotonic() + grace
-        sd_notify(f"STOPPING=1\nSTATUS=draining (grace {grace:g}s)")
-        await self.health.enter_graceful_shutdown()
-        self.servicer.serving = False
-        # Watches never end by themselves: they would hold the whole grace period.
-        self.servicer.watches.end_all()
-        self.residency.end_all()
-        if self._reaper:
-            self._reaper.cancel()
-        if self._gc_ticker:
-            self._gc_ticker.cancel()
-        # Ours first: gRPC's own drain drops every connection as the last call ends.
-        await calls.settle(deadline, linger)
-        await self.server.stop(max(0.0, deadline - time.monotonic()))
-        if self.peer is not None:
-            await self.peer.stop()
-        if self.lane is not None:
-            await self.lane.stop()
-        # No request comes any more: hand the heap back to CPython's own GC.
-        self.gc.release()
-        # Write-back: everything acknowledged reaches the tiers below before the arena goes.
-        await self.stack.close()
-        # In-flight RPCs are done: nobody holds a view into the arena any more.
-        self.arena.close()
-        if self.socket_path and os.path.lexists(self.socket_path):
-            os.unlink(self.socket_path)
-        if self._metrics_http is not None:
-            self._metrics_http.close()
+        try:
+            sd_notify(f"STOPPING=1\nSTATUS=draining (grace {grace:g}s)")
+            # NOT_SERVING, and every health Watch ends with it (api/health.py).
+            await self.health.enter_graceful_shutdown()
+            self.servicer.serving = False
+            # Watches never end by themselves: they would hold the whole grace period.
+            self.servicer.watches.end_all()
+            self.residency.end_all()
+            for task in (self._reaper, self._gc_ticker):
+                if task is not None:
+                    task.cancel()
+            if self._started:
+                # Ours first: gRPC's own drain drops every connection as the last call ends.
+                await calls.settle(deadline, linger)
+                await self.server.stop(max(0.0, deadline - time.monotonic()))
+            elif self._started is None:
+                await self.server.stop(0)   # never started: only its listeners to close
+            # else: stopped while grpc's start() ran (it raises then): the process ends it.
+        finally:
+            # Whatever happened above, nothing is left behind (ops/teardown.py).
+            await run_all(self._releases())
         log.info("kvkeeper stopped")
+
+    def _releases(self) -> list[tuple[str, Callable[[], Any]]]:
+        steps: list[tuple[str, Callable[[], Any]]] = []
+        if self.peer is not None:
+            steps.append(("closing the peer socket", self.peer.stop))
+        if self.lane is not None:
+            steps.append(("closing the match lane", self.lane.stop))
+        # No request comes any more: hand the heap back to CPython's own GC.
+        steps.append(("releasing the GC policy", self.gc.release))
+        # Write-back: everything acknowledged reaches the tiers below before the arena goes.
+        steps.append(("closing the tiers", self.stack.close))
+        # In-flight RPCs are done: nobody holds a view into the arena any more.
+        steps.append(("removing the arena", self.arena.close))
+        if self.socket_path:
+            steps.append(("removing the socket", lambda: _unlink(self.socket_path)))
+        if self._metrics_http is not None:
+            steps.append(("closing /metrics", self._metrics_http.close))
+        return steps
 
     async def wait_for_termination(self) -> None:
         await self.server.wait_for_termination()
+
+
+def _unlink(path: Optional[str]) -> None:
+    if path and os.path.lexists(path):
+        os.unlink(path)
 
 
 def _lower_tiers(config: Config, ledger: Ledger) -> list[LowerTier]:
@@ -347,10 +391,12 @@ def _lower_tiers(config: Config, ledger: Ledger) -> list[LowerTier]:
     tiers: list[LowerTier] = []
     dt = config.disk_tier
     if dt.path:
-        tiers.append(DiskTier.open(ledger, path=dt.path, capacity_bytes=dt.capacity_bytes,
-                                   write_policy=dt.write_policy, owner_id=dt.owner_id,
-                                   admit_after_hits=dt.admit_after_hits,
-                                   shared_capacity_bytes=dt.shared_capacity_bytes))
+        with blame(config, "disk_tier.path", "cannot open the disk tier there", PATH_ERRNOS,
+                   path=dt.path):
+            tiers.append(DiskTier.open(ledger, path=dt.path, capacity_bytes=dt.capacity_bytes,
+                                       write_policy=dt.write_policy, owner_id=dt.owner_id,
+                                       admit_after_hits=dt.admit_after_hits,
+                                       shared_capacity_bytes=dt.shared_capacity_bytes))
     if config.cluster_tier.url:
         # Here: the redis client takes ~0.5 s to import, a cost only a daemon using it pays.
         from .tiers.cluster.settings import open_cluster_tier
@@ -358,9 +404,11 @@ def _lower_tiers(config: Config, ledger: Ledger) -> list[LowerTier]:
     return tiers
 
 
-def create_server(config: Config) -> tuple[Daemon, int]:
-    """Build and bind a daemon; `await daemon.start()` serves. Returns (daemon, tcp port)."""
-    daemon = Daemon(config)
+def create_server(config: Config,
+                  interrupt: Optional[Callable[[], None]] = None) -> tuple[Daemon, int]:
+    """Build and bind a daemon; `await daemon.start()` serves. Returns (daemon, tcp port).
+    `interrupt`: see Daemon."""
+    daemon = Daemon(config, interrupt)
     try:
         port = daemon.bind()
     except BaseException:
@@ -369,62 +417,3 @@ def create_server(config: Config) -> tuple[Daemon, int]:
         daemon.arena.close()
         raise
     return daemon, port
-
-
-def _reload(daemon: Daemon, loader: Callable[[], Config]) -> None:
-    log.info("SIGHUP: re-reading the configuration", extra={"event": "reload_start"})
-    try:
-        new = loader()
-    except ConfigError as e:
-        log.error("reload: the configuration was not re-read: %s", e,
-                  extra={"event": "reload_refused", "key": e.key or ""})
-        return
-    try:
-        daemon.reload(new)
-    except Exception:  # noqa: BLE001 - a failed reload must not stop the daemon
-        log.exception("reload failed; the running configuration is unchanged")
-
-
-async def serve(config: Config, loader: Optional[Callable[[], Config]] = None) -> None:
-    """Serve until SIGTERM/SIGINT. SIGHUP calls `loader` (re-reads the file, the
-    environment and the flags) and applies the result; without one SIGHUP is ignored."""
-    daemon, _ = create_server(config)
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    if loader is not None:
-        loop.add_signal_handler(signal.SIGHUP, _reload, daemon, loader)
-    else:
-        loop.add_signal_handler(signal.SIGHUP, log.warning,
-                                "SIGHUP ignored: this daemon has no configuration to re-read")
-    try:
-        await daemon.start()
-        await stop.wait()
-        log.info("signal received: draining (grace %.1fs)", daemon.config.server.grace_seconds)
-    finally:
-        await daemon.stop(linger=LINGER_SECONDS)
-
-
-def _runner() -> Any:
-    """uvloop's runner when installed (faster RPC turnaround), asyncio's otherwise."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run
-    return uvloop.run
-
-
-def run(config: Config, loader: Optional[Callable[[], Config]] = None) -> int:
-    """Serve; 0 after a clean stop, 1 on a runtime failure, 2 on a configuration
-    problem found at start-up (credentials, TLS files, the socket's group)."""
-    logsetup.configure(config.server.log_level, config.server.log_format)
-    try:
-        _runner()(serve(config, loader))
-    except ConfigError as exc:
-        log.error("config error: %s", exc, extra={"event": "config_error", "key": exc.key or ""})
-        return 2
-    except RuntimeError as exc:
-        log.error("%s", exc)
-        return 1
-    return 0

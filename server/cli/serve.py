@@ -79,7 +79,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                          else render_toml(config))
         return 0
     # Lazy: the grpc servers and shared memory load here, not for --print-config or --help.
-    from ..app import run
+    from ..ops.process import run
 
     def reload() -> Any:
         # SIGHUP: the same sources as at start-up, read again.

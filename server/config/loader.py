@@ -117,6 +117,10 @@ def _read_file(path: str, named_by: str) -> dict[str, Any]:
         raise ConfigError(f"{where}: cannot read it: {e.strerror or e}", source=where) from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{where}: not valid TOML: {e}", source=where) from None
+    except UnicodeDecodeError as e:
+        # tomllib decodes the whole file first: a latin-1 comment fails before any line.
+        raise ConfigError(f"{where}: not UTF-8 (byte {e.object[e.start]:#04x} at offset "
+                          f"{e.start}); TOML files are UTF-8", source=where) from None
 
 
 def _env_keys(env: Mapping[str, str]) -> list[tuple[str, str, str]]:

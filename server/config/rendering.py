@@ -7,6 +7,14 @@ from .parsers import show_size
 from .schema import SCHEMA, Config
 
 
+def toml_string(value: str) -> str:
+    """A TOML basic string. JSON's escapes are TOML's, except that JSON writes a
+    character beyond U+FFFF as two \\u surrogates, which TOML refuses: such
+    characters stay as they are (the output is UTF-8), and DEL, which TOML
+    wants escaped and JSON does not, is escaped."""
+    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
 def render_toml(config: Config, *, with_sources: bool = True) -> str:
     """The config as a TOML file that load_config reads back to the same values."""
     lines = []
@@ -20,7 +28,7 @@ def render_toml(config: Config, *, with_sources: bool = True) -> str:
             elif isinstance(value, bool):
                 text = "true" if value else "false"
             elif isinstance(value, str):
-                text = json.dumps(value)
+                text = toml_string(value)
             else:
                 text = repr(value)
             line = f"{key} = {text}"

@@ -151,6 +151,9 @@ def load_tokens(path: str) -> TokenTable:
     except tomllib.TOMLDecodeError as e:
         # tomllib's message names a line and column, never the value.
         raise _fail(path, f"not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        # The offset only: the bytes around it may be a token.
+        raise _fail(path, f"not UTF-8 (at byte offset {e.start}); TOML files are UTF-8") from None
     table = parse_tokens(data, path)
     if stat.S_IMODE(mode) & 0o077:
         log.warning("tokens file %s is readable by group or others (mode %04o); chmod 600 it",

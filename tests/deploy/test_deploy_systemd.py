@@ -183,3 +183,14 @@ def test_unit_and_readme_name_the_same_install_paths() -> None:
     for needle in ("deploy/systemd/kvkeeper.service", "kvkeeper.sysusers", "venv.conf",
                    CONFIG_PATH, "systemctl enable --now kvkeeper"):
         assert needle in deploy, needle
+
+
+def test_the_arena_mode_the_docs_give_is_the_daemons() -> None:
+    # app.py: the arena gets listen.socket_mode & 0o660 and the socket's group
+    # (tests/server/test_app.py checks the file); nothing says 0600 any more.
+    readme = (DEPLOY.parent / "README.md").read_text()
+    unit = UNIT.read_text()
+    for text in (readme, unit):
+        assert "socket_mode & 0660" in text
+        assert "created mode 0600" not in text and "created\n  mode 0600" not in text
+    assert "sparse arena" not in unit           # prefault is the default

@@ -149,11 +149,11 @@ def test_env_error_names_variable(capsys, monkeypatch):
     assert "(from environment variable KVKEEPER_LEDGER_LEASE_TTL_SECONDS)" in err
 
 
-def test_serve_hands_config_to_app_run(monkeypatch, tmp_path):
+def test_serve_hands_config_to_process_run(monkeypatch, tmp_path):
     seen = []
-    fake = types.ModuleType("kvkeeper.server.app")
+    fake = types.ModuleType("kvkeeper.server.ops.process")
     fake.run = lambda config, reload: seen.append((config, reload)) or 7  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "kvkeeper.server.app", fake)
+    monkeypatch.setitem(sys.modules, "kvkeeper.server.ops.process", fake)
     (tmp_path / "kv.toml").write_text('[server]\nlog_level = "info"\n')
     assert main(["serve", "--config", "kv.toml", "--capacity", "2GiB", "--tcp", ""]) == 7
     ((config, reload),) = seen

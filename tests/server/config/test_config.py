@@ -464,3 +464,21 @@ def test_a_shared_directory_budget_must_hold_this_daemons_own_share() -> None:
                                                  "disk_tier.capacity_bytes": capacity,
                                                  "disk_tier.shared_capacity_bytes": "4GiB"})
         assert "disk_tier.capacity_bytes" in str(e.value)
+
+
+def test_a_config_file_that_is_not_utf8_is_a_config_error(tmp_path):
+    p = tmp_path / "kv.toml"
+    p.write_bytes(b'[server]\nlog_level = "info" # caf\xe9 (latin-1)\n')
+    with pytest.raises(ConfigError) as ei:
+        load_config(str(p), {}, {})
+    assert str(ei.value).startswith(f"config file {p}: not UTF-8 (byte 0xe9 at offset 33)")
+
+
+def test_rendering_round_trips_characters_toml_escapes_differently_from_json(tmp_path):
+    # Beyond U+FFFF: JSON's \ud83d\ude00 is no TOML escape; DEL: TOML wants it escaped.
+    sock = str(tmp_path / "kv-\U0001F600-\u00e9-\x7f.sock")
+    c = load(tmp_path, overrides={"listen.socket": sock})
+    assert c.listen.socket == sock
+    text = render_toml(c)
+    assert "\U0001F600" in text and "\\u007f" in text
+    assert load_config(write(tmp_path, text, "printed.toml"), {}, {}, cwd="/") == c

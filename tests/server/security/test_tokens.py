@@ -99,3 +99,13 @@ def test_a_readable_file_is_warned_about(tmp_path, caplog) -> None:
 def test_quotas_without_tokens() -> None:
     table = parse_tokens({"quotas": {"m": "1KiB"}})
     assert table.grants == () and table.quotas == {"m": 1024}
+
+
+def test_a_tokens_file_that_is_not_utf8_is_a_config_error(tmp_path) -> None:
+    p = tmp_path / "tokens.toml"
+    p.write_bytes(f'[tokens.a]\ntoken = "{TOKEN_A}\xff"\nmodels = ["*"]\n'.encode("latin-1"))
+    os.chmod(p, 0o600)
+    with pytest.raises(ConfigError) as ei:
+        load_tokens(str(p))
+    assert ei.value.key == "auth.tokens_file" and "not UTF-8" in str(ei.value)
+    assert TOKEN_A not in str(ei.value)      # no bytes of the file in the message

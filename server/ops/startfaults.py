@@ -1,0 +1,64 @@
+"""Start-up failures that are the configuration's fault, as a ConfigError naming its key.
+
+Why. `kvkeeper serve` exits 2 on a ConfigError and 1 on any other failure,
+and the systemd unit restarts on 1 but not on 2 (RestartPreventExitStatus=2).
+An OSError from creating the arena, opening the disk tier or binding the
+metrics listener used to end in a traceback and status 1: a restart every
+RestartSec, forever, for a mistake only an edit of the file can fix (a
+host_tier.shm_dir that does not exist, a disk_tier.path that is a file, a
+metrics port that is taken).
+
+Only errors about what the key names are converted: for a path, the errno
+must be one a wrong path gives and the error must name that path or a
+directory above it; EMFILE, EIO and errors on files inside a directory (a
+disk tier's blocks) stay runtime failures, which a restart may cure.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from contextlib import contextmanager
+from typing import Any, Collection, Iterator, Optional
+
+from ..config import Config, ConfigError
+
+# A path that does not exist, is not a directory, is a file, or may not be written.
+PATH_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EEXIST, errno.EISDIR, errno.EACCES,
+                         errno.EPERM, errno.EROFS, errno.ELOOP, errno.ENAMETOOLONG})
+# A size the filesystem (EFBIG, EINVAL) or the address space (ENOMEM: mmap) cannot take.
+SIZE_ERRNOS = frozenset({errno.EFBIG, errno.EINVAL, errno.ENOMEM})
+# An address taken, not on this host, or privileged; a host or port that does not
+# resolve (socket.gaierror's EAI_* codes, negative: no clash with errno). Not
+# EAI_AGAIN: the resolver failed for now (DNS not up yet at boot), a restart cures it.
+ADDRESS_ERRNOS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES,
+                            socket.EAI_NONAME, socket.EAI_SERVICE, socket.EAI_FAMILY,
+                            getattr(socket, "EAI_NODATA", socket.EAI_NONAME)})
+
+
+def _value(config: Config, key: str) -> Any:
+    section, name = key.split(".")
+    return getattr(getattr(config, section), name)
+
+
+def _names(filename: Any, path: str) -> bool:
+    """Whether an error's filename is `path` or a directory above it."""
+    if not isinstance(filename, str) or not filename:
+        return False
+    f, p = os.path.abspath(filename), os.path.abspath(path)
+    return p == f or p.startswith(f.rstrip("/") + "/")
+
+
+@contextmanager
+def blame(config: Config, key: str, what: str, errnos: Collection[int],
+          path: Optional[str] = None) -> Iterator[None]:
+    """Turn an OSError of `errnos` (about `path`, when given) into a ConfigError
+    for `key`, saying `what` failed; any other error passes unchanged."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in errnos or (path is not None and not _names(e.filename, path)):
+            raise
+        source = config.source_of(key)
+        raise ConfigError(f"{key} = {_value(config, key)!r} (from {source}): {what}: "
+                          f"{e.strerror or e}", key=key, source=source) from None
