@@ -92,6 +92,10 @@ class EngineProcess:
         except (OSError, ValueError):
             return ""
 
+    def answered(self) -> bool:
+        """Whether an answer (or the engine's exit) waits to be read."""
+        return not self._lines.empty()
+
     def read(self, timeout: float = CALL_TIMEOUT_S) -> Dict[str, Any]:
         """The next answer; an error answer raises RuntimeError."""
         try:

@@ -274,12 +274,33 @@ def test_loaded_kv_is_really_used(cluster: Cluster) -> None:
     cluster.wait_no_leases()
 
 
-def test_daemon_killed_mid_request_then_hits_resume(cluster: Cluster) -> None:
-    p = prompt("long", 64)
-    # Long enough that the kill lands mid-request on a fast machine too (400
-    # tokens finished first on this session's: the daemon then stayed down and
-    # every later test of the module failed on it).
-    n = 1500
+def wait_hits_resume(cluster: Cluster, tag: str) -> None:
+    """After a daemon restart: until B hits on what A saved to the new daemon,
+    i.e. both engines' scheduler and worker sessions are registered again (a
+    test that starts before that sees loads fail and saves dropped)."""
+    deadline = time.monotonic() + 60
+    i = 0
+    while True:
+        q = prompt(f"{tag}-{i}", 100)
+        a = one(cluster.a, q, 4)
+        try:
+            cluster.wait_stored(report_keys(a["report"], q)[:3], timeout=2.0)
+        except AssertionError:
+            pass
+        else:
+            b = one(cluster.b, q, 4)
+            if hit_tokens(b) == 96:
+                assert b["tokens"] == a["tokens"]
+                return
+        assert time.monotonic() < deadline, "hits did not resume after the daemon restarted"
+        i += 1
+        time.sleep(0.5)
+
+
+def kill_daemon_during(cluster: Cluster, p: List[int], n: int) -> Optional[Dict[str, Any]]:
+    """B's answer to `p` (n tokens) with the daemon SIGKILLed while B decodes
+    it: the daemon stays down. None where B finished first: the daemon is
+    then up again (restarted if it was killed) and both engines use it."""
     t0 = time.monotonic()
     base = one(cluster.base, p, n)
     t_base = time.monotonic() - t0
@@ -291,54 +312,65 @@ def test_daemon_killed_mid_request_then_hits_resume(cluster: Cluster) -> None:
         # The request has started once B's lookup reaches the daemon. Its
         # prompt's 2 blocks (saved after the prefill) get until half the
         # baseline's time to land too, so that the daemon dies with B's saves
-        # committed or in flight; it is killed by then in any case. Waiting for
-        # the saves alone let the request finish first on CI, where they landed
-        # after the whole decode (here: 0.07 s after the send, of 3.2 s).
+        # committed or in flight; it is killed by then in any case.
         while cluster.daemon.stats().lookups == before.lookups:
             assert time.monotonic() < deadline, "B never asked the daemon"
             time.sleep(0.02)
         kill_by = t0 + t_base / 2
-        while (time.monotonic() < kill_by
+        while (time.monotonic() < kill_by and not cluster.b.answered()
                and cluster.daemon.stats().tiers[0].blocks < before.tiers[0].blocks + 2):
             time.sleep(0.02)
-        cluster.daemon.kill()
-        assert cluster.b._lines.empty(), \
-            f"the request finished before the daemon was killed ({time.monotonic() - t0:.2f} s " \
-            f"after it was sent; the baseline took {t_base:.2f} s)"
-        res = cluster.b.result(timeout=180)
+        if not cluster.b.answered():
+            cluster.daemon.kill()
+        if cluster.b.answered():
+            # B was faster than its baseline's half (a loaded machine slows
+            # either): the kill, if any, came after the request.
+            print(f"\nB finished {n} tokens {time.monotonic() - t0:.2f} s after the send, "
+                  f"before the kill (baseline {t_base:.2f} s)")
+            cluster.b.result(timeout=180)
+            if cluster.daemon.proc is None or cluster.daemon.proc.poll() is not None:
+                cluster.daemon.start()
+                wait_hits_resume(cluster, f"retry-{n}")
+            return None
+        res: Dict[str, Any] = cluster.b.result(timeout=180)
     except BaseException:
-        # Leave the module's later tests a daemon, and no answer of B's pending.
-        if cluster.daemon.proc is None or cluster.daemon.proc.poll() is not None:
-            cluster.daemon.start()
+        # Leave the module's later tests a daemon both engines use again, and
+        # no answer of B's pending.
         try:
             cluster.b.result(timeout=180)
         except Exception:  # noqa: BLE001 - the failure being raised is the one to report
             pass
+        if cluster.daemon.proc is None or cluster.daemon.proc.poll() is not None:
+            cluster.daemon.start()
+            try:
+                wait_hits_resume(cluster, "cleanup")
+            except Exception:  # noqa: BLE001 - as above
+                pass
         raise
     assert res["outputs"][0] == base["tokens"]
+    return res
+
+
+def test_daemon_killed_mid_request_then_hits_resume(cluster: Cluster) -> None:
+    p = prompt("long", 64)
+    # Long enough that the kill lands mid-request on a fast machine too (400
+    # tokens finished first on an earlier session's: the daemon then stayed
+    # down and every later test of the module failed on it). Where B still
+    # finishes first (CI once: the kill came 2.77 s after the send, of a
+    # 3.05 s baseline), again with twice the tokens.
+    n = 1500
+    for _ in range(3):
+        if kill_daemon_during(cluster, p, n) is not None:
+            break
+        n *= 2
+    else:
+        pytest.fail(f"B finished every request before the daemon was killed (up to {n // 2} tokens)")
     m = cluster.b.metrics()
     assert m.get("vllm:kvkeeper_save_dropped_blocks", 0) > 0, "saves after the kill were dropped"
 
     # A new daemon (empty) on the same socket: both engines find it again.
     cluster.daemon.start()
-    deadline = time.monotonic() + 60
-    i = 0
-    while True:
-        q = prompt(f"resume-{i}", 100)
-        a = one(cluster.a, q, 4)
-        try:
-            cluster.wait_stored(report_keys(a["report"], q)[:3], timeout=2.0)
-        except AssertionError:
-            b = None
-        else:
-            b = one(cluster.b, q, 4)
-            if hit_tokens(b) == 96:
-                assert b["tokens"] == a["tokens"]
-                break
-        assert time.monotonic() < deadline, "hits did not resume after the daemon restarted"
-        i += 1
-        time.sleep(0.5)
-
+    wait_hits_resume(cluster, "resume")
 
 
 def test_daemon_hit_tokens_equal_vllms_when_vllms_own_cache_holds_part(cluster: Cluster) -> None:
@@ -373,7 +405,14 @@ def test_daemon_hit_tokens_equal_vllms_when_vllms_own_cache_holds_part(cluster: 
     deadline = time.monotonic() + 10
     while cluster.daemon.stats().prompt_tokens - s0.prompt_tokens < prompts:
         # misses report without a lease, also asynchronously
-        assert time.monotonic() < deadline, "the lookups' reports did not all reach the daemon"
+        if time.monotonic() > deadline:
+            m1 = {e: eng.metrics() for e, eng in engines.items()}
+            moved = {e: {k: v - m0[e].get(k, 0) for k, v in m1[e].items()
+                         if k.startswith("vllm:kvkeeper") and v != m0[e].get(k, 0)}
+                     for e in engines}
+            pytest.fail(f"the lookups' reports did not all reach the daemon: prompt tokens "
+                        f"{cluster.daemon.stats().prompt_tokens - s0.prompt_tokens} of {prompts}; "
+                        f"hits per request on B {got}; engine counters moved {moved}")
         time.sleep(0.05)
     s1 = cluster.daemon.stats()
     m1 = {e: eng.metrics() for e, eng in engines.items()}
