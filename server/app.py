@@ -43,7 +43,7 @@ from .ops.reload import plan_reload
 from .ops.sdnotify import notify as sd_notify
 from .ops.sdnotify import start_progress
 from .ops.socketpath import claim_socket_path
-from .ops.startfaults import ADDRESS_ERRNOS, PATH_ERRNOS, SIZE_ERRNOS, blame
+from .ops.startfaults import ADDRESS_ERRNOS, PATH_ERRNOS, SIZE_ERRNOS, blame, listen_failure
 from .ops.startsignals import interruptible
 from .ops.teardown import run_all
 from .ops.watch import CounterWatch
@@ -211,12 +211,15 @@ class Daemon:
                 self.metrics.registry.register(LaneCollector(self.lane))
             self.metrics.registry.register(PeerCollector(self.peer))
         if lc.tcp:
-            if self._tcp_credentials is not None:
-                self.port = self.server.add_secure_port(lc.tcp, self._tcp_credentials)
-            else:
-                self.port = self.server.add_insecure_port(lc.tcp)
+            try:
+                if self._tcp_credentials is not None:
+                    self.port = self.server.add_secure_port(lc.tcp, self._tcp_credentials)
+                else:
+                    self.port = self.server.add_insecure_port(lc.tcp)
+            except RuntimeError:   # grpcio raises where older versions answered 0
+                self.port = 0
             if self.port == 0:
-                raise RuntimeError(f"could not listen on {lc.tcp}")
+                raise listen_failure(self.config, "listen.tcp", lc.tcp)
         return self.port
 
     @property
@@ -412,8 +415,13 @@ def create_server(config: Config,
     try:
         port = daemon.bind()
     except BaseException:
+        # Nothing served: nothing to drain or write back. What bind() made goes.
         if daemon._metrics_http is not None:
             daemon._metrics_http.close()
         daemon.arena.close()
+        if daemon.socket_path:
+            for path in (daemon.socket_path, peer_socket_path(daemon.socket_path),
+                         lane_path(daemon.socket_path)):
+                _unlink(path)
         raise
     return daemon, port

@@ -6,7 +6,8 @@ An OSError from creating the arena, opening the disk tier or binding the
 metrics listener used to end in a traceback and status 1: a restart every
 RestartSec, forever, for a mistake only an edit of the file can fix (a
 host_tier.shm_dir that does not exist, a disk_tier.path that is a file, a
-metrics port that is taken).
+metrics port that is taken). So is a listen.tcp that is taken: gRPC says
+only that it could not bind, so bind_error() asks the system why.
 
 Only errors about what the key names are converted: for a path, the errno
 must be one a wrong path gives and the error must name that path or a
@@ -62,3 +63,39 @@ def blame(config: Config, key: str, what: str, errnos: Collection[int],
         source = config.source_of(key)
         raise ConfigError(f"{key} = {_value(config, key)!r} (from {source}): {what}: "
                           f"{e.strerror or e}", key=key, source=source) from None
+
+
+def bind_error(address: str) -> Optional[OSError]:
+    """The OSError that binding `address` (host:port, as gRPC takes it) here
+    gives, or None where it binds. gRPC says only that it failed to bind."""
+    host, _, port = address.rpartition(":")
+    try:
+        infos = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except OSError as e:   # socket.gaierror: errno is an EAI_* code
+        return e
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as gRPC binds
+            try:
+                s.bind(sockaddr)
+            except OSError as e:
+                return e
+    return None
+
+
+def listen_failure(config: Config, key: str, address: str) -> Exception:
+    """What to raise where gRPC could not listen on `address` (the value of
+    `key`): a ConfigError when binding it fails with one of ADDRESS_ERRNOS (a
+    port taken, an address not of this host, a name that does not resolve),
+    a RuntimeError otherwise (a restart may cure it)."""
+    err = bind_error(address)
+    try:
+        with blame(config, key, "cannot listen there", ADDRESS_ERRNOS):
+            if err is not None:
+                raise err
+    except ConfigError as e:
+        return e
+    except OSError:
+        pass
+    return RuntimeError(f"could not listen on {address}" + (f": {err}" if err else ""))

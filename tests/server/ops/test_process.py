@@ -118,6 +118,25 @@ def test_a_start_up_mistake_exits_2_naming_the_key(tmp_path: Path) -> None:
     assert os.listdir(tmp_path) == []
 
 
+def test_a_taken_listen_port_exits_2_naming_the_key_and_leaves_no_socket(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        tcp = f"127.0.0.1:{taken.getsockname()[1]}"
+        r = subprocess.run([sys.executable, "-m", "kvkeeper.server.cli", "serve", "--socket",
+                            str(tmp_path / "kv.sock"), "--tcp", tcp, "--metrics", "",
+                            "--set", "host_tier.prefault=false"],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                           env={**os.environ, "KVKEEPER_CONFIG": ""})
+    assert r.returncode == 2, r.stderr
+    assert f"config error: listen.tcp = '{tcp}' (from flag --tcp): cannot listen there" in r.stderr
+    assert "Traceback" not in r.stderr
+    # The unix socket, the peer socket and the match lane were bound first.
+    assert os.listdir(tmp_path) == [], r.stderr
+
+
 class _Untouched:
     def reload(self, new: Any) -> None:
         raise AssertionError("a config that was not read reached the daemon")

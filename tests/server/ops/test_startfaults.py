@@ -9,7 +9,8 @@ import socket
 import pytest
 
 from kvkeeper.server.config import ConfigError, load_config
-from kvkeeper.server.ops.startfaults import ADDRESS_ERRNOS, PATH_ERRNOS, blame
+from kvkeeper.server.ops.startfaults import (ADDRESS_ERRNOS, PATH_ERRNOS, bind_error, blame,
+                                             listen_failure)
 
 CONFIG = load_config(None, {}, {"disk_tier.path": "/srv/kv/disk",
                                 "metrics.address": "example.invalid:9464"})
@@ -49,3 +50,29 @@ def test_addresses_taken_or_unresolvable_are_config_errors_but_not_a_dns_outage(
         assert "'example.invalid:9464'" in str(out)
     later = socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
     assert _raise(later, "metrics.address", ADDRESS_ERRNOS) is later
+
+
+def test_a_listen_address_taken_or_not_here_is_a_config_error_naming_listen_tcp() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        config = load_config(None, {}, {"listen.tcp": address})
+        assert bind_error(address).errno == errno.EADDRINUSE
+        out = listen_failure(config, "listen.tcp", address)
+        assert isinstance(out, ConfigError) and out.key == "listen.tcp"
+        assert f"listen.tcp = '{address}'" in str(out) and "Address already in use" in str(out)
+    # Free again: gRPC failed for a reason of its own, which a restart may cure.
+    assert bind_error(address) is None
+    out = listen_failure(config, "listen.tcp", address)
+    assert type(out) is RuntimeError and str(out) == f"could not listen on {address}"
+
+
+def test_a_dns_outage_on_the_listen_address_stays_a_runtime_failure(monkeypatch) -> None:
+    def outage(*args, **kw):
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    monkeypatch.setattr(socket, "getaddrinfo", outage)
+    config = load_config(None, {}, {"listen.tcp": "kv.example:50051"})
+    out = listen_failure(config, "listen.tcp", "kv.example:50051")
+    assert type(out) is RuntimeError and "Temporary failure" in str(out)
