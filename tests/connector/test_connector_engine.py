@@ -352,25 +352,26 @@ def kill_daemon_during(cluster: Cluster, p: List[int], n: int) -> Optional[Dict[
 
 
 def test_daemon_killed_mid_request_then_hits_resume(cluster: Cluster) -> None:
-    p = prompt("long", 64)
     # Long enough that the kill lands mid-request on a fast machine too (400
     # tokens finished first on an earlier session's: the daemon then stayed
     # down and every later test of the module failed on it). Where B still
     # finishes first (CI once: the kill came 2.77 s after the send, of a
     # 3.05 s baseline), again with twice the tokens.
     n = 1500
-    for _ in range(3):
-        if kill_daemon_during(cluster, p, n) is not None:
+    for attempt in range(3):
+        # A new prompt each time: B's own prefix cache holds the last one's
+        # blocks, and B would not ask the daemon for them.
+        if kill_daemon_during(cluster, prompt(f"long-{attempt}", 64), n) is not None:
             break
         n *= 2
     else:
         pytest.fail(f"B finished every request before the daemon was killed (up to {n // 2} tokens)")
-    m = cluster.b.metrics()
-    assert m.get("vllm:kvkeeper_save_dropped_blocks", 0) > 0, "saves after the kill were dropped"
-
+    m = cluster.b.metrics()   # before the restart: saves B drops then do not count
     # A new daemon (empty) on the same socket: both engines find it again.
+    # First: a failed assertion below leaves the module's later tests a daemon.
     cluster.daemon.start()
     wait_hits_resume(cluster, "resume")
+    assert m.get("vllm:kvkeeper_save_dropped_blocks", 0) > 0, "saves after the kill were dropped"
 
 
 def test_daemon_hit_tokens_equal_vllms_when_vllms_own_cache_holds_part(cluster: Cluster) -> None:
