@@ -11,6 +11,7 @@ exit status): ops/process.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -45,7 +46,7 @@ from .ops.sdnotify import start_progress
 from .ops.socketpath import claim_socket_path
 from .ops.startfaults import ADDRESS_ERRNOS, PATH_ERRNOS, SIZE_ERRNOS, blame, listen_failure
 from .ops.startsignals import interruptible
-from .ops.teardown import run_all
+from .ops.teardown import run_all, run_all_now, unlink_present
 from .ops.watch import CounterWatch
 from .peer.metrics import PeerCollector
 from .peer.service import PeerService
@@ -222,6 +223,15 @@ class Daemon:
                 raise listen_failure(self.config, "listen.tcp", lc.tcp)
         return self.port
 
+    def unbind(self) -> None:
+        """Undo bind() and remove the arena: a daemon that never served (nothing to drain)."""
+        m, lane, peer = self._metrics_http, self.lane, self.peer
+        run_all_now([("closing the match lane", lambda: lane and lane.unbind()),
+                     ("closing the peer socket", lambda: peer and peer.unbind()),
+                     ("removing the socket", lambda: unlink_present(self.socket_path)),
+                     ("closing /metrics", lambda: m and m.close()),
+                     ("removing the arena", self.arena.close)])
+
     @property
     def metrics_address(self) -> str:
         """Where /metrics is served, with the port bound (metrics.address may say 0), or "off"."""
@@ -375,18 +385,13 @@ class Daemon:
         # In-flight RPCs are done: nobody holds a view into the arena any more.
         steps.append(("removing the arena", self.arena.close))
         if self.socket_path:
-            steps.append(("removing the socket", lambda: _unlink(self.socket_path)))
+            steps.append(("removing the socket", lambda: unlink_present(self.socket_path)))
         if self._metrics_http is not None:
             steps.append(("closing /metrics", self._metrics_http.close))
         return steps
 
     async def wait_for_termination(self) -> None:
         await self.server.wait_for_termination()
-
-
-def _unlink(path: Optional[str]) -> None:
-    if path and os.path.lexists(path):
-        os.unlink(path)
 
 
 def _lower_tiers(config: Config, ledger: Ledger) -> list[LowerTier]:
@@ -415,13 +420,7 @@ def create_server(config: Config,
     try:
         port = daemon.bind()
     except BaseException:
-        # Nothing served: nothing to drain or write back. What bind() made goes.
-        if daemon._metrics_http is not None:
-            daemon._metrics_http.close()
-        daemon.arena.close()
-        if daemon.socket_path:
-            for path in (daemon.socket_path, peer_socket_path(daemon.socket_path),
-                         lane_path(daemon.socket_path)):
-                _unlink(path)
+        with contextlib.suppress(Exception):   # logged by its step; bind()'s error is raised
+            daemon.unbind()
         raise
     return daemon, port

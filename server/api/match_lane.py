@@ -113,6 +113,15 @@ class MatchLaneServer:
         assert self._sock is not None, "bind() first"
         self._server = await asyncio.start_unix_server(self._serve, sock=self._sock)
 
+    def unbind(self) -> None:
+        """Close the listening socket (the server's, once started) and remove
+        its file: stop()'s last step, and all a daemon that never served undoes."""
+        if self._sock is not None:
+            self._sock.close()   # idempotent: a started server closed it already
+            self._sock = None
+        if os.path.lexists(self.path):
+            os.unlink(self.path)
+
     async def stop(self) -> None:
         """After the gRPC server's stop: the handler refuses (UNAVAILABLE)
         since the drain began, and now the connections close."""
@@ -120,7 +129,6 @@ class MatchLaneServer:
         if self._server is not None:
             self._server.close()
             self._server = None
-        self._sock = None
         # Closing a connection ends its task at its next read (a call being
         # answered ends first); cancelling the tasks instead would have asyncio
         # log each one's CancelledError as an error.
@@ -132,8 +140,7 @@ class MatchLaneServer:
                 t.cancel()
             if late:
                 await asyncio.gather(*late, return_exceptions=True)
-        if os.path.lexists(self.path):
-            os.unlink(self.path)
+        self.unbind()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()

@@ -58,11 +58,21 @@ def blame(config: Config, key: str, what: str, errnos: Collection[int],
     try:
         yield
     except OSError as e:
-        if e.errno not in errnos or (path is not None and not _names(e.filename, path)):
+        err = fault(config, key, what, errnos, e, path)
+        if err is None:
             raise
-        source = config.source_of(key)
-        raise ConfigError(f"{key} = {_value(config, key)!r} (from {source}): {what}: "
-                          f"{e.strerror or e}", key=key, source=source) from None
+        raise err from None
+
+
+def fault(config: Config, key: str, what: str, errnos: Collection[int], e: OSError,
+          path: Optional[str] = None) -> Optional[ConfigError]:
+    """The ConfigError for `key` that `e` is (blame's), or None where it is
+    not one of `errnos` (or not about `path`, when given)."""
+    if e.errno not in errnos or (path is not None and not _names(e.filename, path)):
+        return None
+    source = config.source_of(key)
+    return ConfigError(f"{key} = {_value(config, key)!r} (from {source}): {what}: "
+                       f"{e.strerror or e}", key=key, source=source)
 
 
 def bind_error(address: str) -> Optional[OSError]:
@@ -90,12 +100,8 @@ def listen_failure(config: Config, key: str, address: str) -> Exception:
     port taken, an address not of this host, a name that does not resolve),
     a RuntimeError otherwise (a restart may cure it)."""
     err = bind_error(address)
-    try:
-        with blame(config, key, "cannot listen there", ADDRESS_ERRNOS):
-            if err is not None:
-                raise err
-    except ConfigError as e:
-        return e
-    except OSError:
-        pass
+    if err is not None:
+        blamed = fault(config, key, "cannot listen there", ADDRESS_ERRNOS, err)
+        if blamed is not None:
+            return blamed
     return RuntimeError(f"could not listen on {address}" + (f": {err}" if err else ""))

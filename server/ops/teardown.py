@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 from typing import Any, Callable, Iterable, Optional
 
 log = logging.getLogger("kvkeeper")
@@ -25,9 +26,31 @@ async def run_all(steps: Iterable[tuple[str, Callable[[], Any]]]) -> None:
             if inspect.isawaitable(result):
                 await result
         except BaseException as e:   # noqa: BLE001 - the next steps run whatever this was
-            log.error("shutdown: %s failed: %s", what, e, exc_info=True,
-                      extra={"event": "shutdown_step_failed", "step": what})
-            if first is None:
-                first = e
+            _failed(what, e)
+            first = first or e
     if first is not None:
         raise first
+
+
+def run_all_now(steps: Iterable[tuple[str, Callable[[], Any]]]) -> None:
+    """run_all of steps that are plain calls (Daemon.unbind: no event loop needed)."""
+    first: Optional[BaseException] = None
+    for what, step in steps:
+        try:
+            step()
+        except BaseException as e:   # noqa: BLE001 - as run_all
+            _failed(what, e)
+            first = first or e
+    if first is not None:
+        raise first
+
+
+def _failed(what: str, e: BaseException) -> None:
+    log.error("shutdown: %s failed: %s", what, e, exc_info=True,
+              extra={"event": "shutdown_step_failed", "step": what})
+
+
+def unlink_present(path: Optional[str]) -> None:
+    """Remove the file at `path` if there is one (a socket's: a step above)."""
+    if path and os.path.lexists(path):
+        os.unlink(path)

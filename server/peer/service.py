@@ -115,13 +115,19 @@ class PeerService:
         loop.add_reader(self._sock.fileno(), self._accept)
         self._sweeper = loop.create_task(self._sweep())
 
-    async def stop(self) -> None:
+    def unbind(self) -> None:
+        """Close the listening socket and remove its file: what bind() made
+        (stop()'s last step, and all a daemon that never served undoes)."""
         if self._sock is not None:
-            asyncio.get_running_loop().remove_reader(self._sock.fileno())
             self._sock.close()
             self._sock = None
             if os.path.lexists(self.path):
                 os.unlink(self.path)
+
+    async def stop(self) -> None:
+        if self._sock is not None:
+            asyncio.get_running_loop().remove_reader(self._sock.fileno())
+        self.unbind()
         for t in [self._sweeper, *self._tasks]:
             if t is not None:
                 t.cancel()

@@ -140,3 +140,32 @@ async def test_the_arena_gets_the_socket_mode_without_other_bits(daemon_config) 
         assert os.stat(d.arena.path).st_mode & 0o777 == 0o660
     finally:
         await d.stop(0)
+
+
+
+def _bound_unix_paths() -> set[str]:
+    """The paths unix sockets open in this network namespace are bound to
+    (/proc/net/unix lists a socket until it is closed, its file removed or not)."""
+    with open("/proc/net/unix") as fh:
+        return {parts[7] for parts in (line.split() for line in fh.readlines()[1:])
+                if len(parts) > 7}
+
+
+async def test_a_taken_listen_port_closes_the_peer_and_lane_listeners_it_had_opened(
+        daemon_config, tmp_path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = daemon_config(**{"listen.tcp": f"127.0.0.1:{port}",
+                                  "host_tier.shm_dir": str(tmp_path)})
+        with pytest.raises(ConfigError) as info:
+            create_server(config)
+    assert info.value.key == "listen.tcp"
+    assert os.listdir(tmp_path) == []
+    sock = config.listen.socket
+    ours = (sock + ".peer", sock + ".match")
+    assert not [p for p in (sock, *ours) if os.path.lexists(p)]
+    # Closed, not left to the garbage collector (the daemon object may live on
+    # in the traceback); gRPC's own listener of `sock` goes with its server.
+    assert not _bound_unix_paths() & set(ours)

@@ -10,7 +10,7 @@ import pytest
 
 from kvkeeper.server.config import ConfigError, load_config
 from kvkeeper.server.ops.startfaults import (ADDRESS_ERRNOS, PATH_ERRNOS, bind_error, blame,
-                                             listen_failure)
+                                             fault, listen_failure)
 
 CONFIG = load_config(None, {}, {"disk_tier.path": "/srv/kv/disk",
                                 "metrics.address": "example.invalid:9464"})
@@ -50,6 +50,17 @@ def test_addresses_taken_or_unresolvable_are_config_errors_but_not_a_dns_outage(
         assert "'example.invalid:9464'" in str(out)
     later = socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
     assert _raise(later, "metrics.address", ADDRESS_ERRNOS) is later
+
+
+def test_fault_is_the_error_blame_raises_and_none_where_blame_passes_it_on() -> None:
+    taken = OSError(errno.EADDRINUSE, "Address already in use")
+    out = fault(CONFIG, "metrics.address", "cannot do it", ADDRESS_ERRNOS, taken)
+    assert isinstance(out, ConfigError)
+    assert str(out) == str(_raise(taken, "metrics.address", ADDRESS_ERRNOS))
+    assert fault(CONFIG, "metrics.address", "x", ADDRESS_ERRNOS, OSError(errno.EIO, "I/O")) is None
+    elsewhere = FileNotFoundError(errno.ENOENT, "gone", "/srv/kv/disk2")
+    assert fault(CONFIG, "disk_tier.path", "x", PATH_ERRNOS, elsewhere,
+                 path="/srv/kv/disk") is None
 
 
 def test_a_listen_address_taken_or_not_here_is_a_config_error_naming_listen_tcp() -> None:
