@@ -42,7 +42,10 @@ repetition uses fresh random prompts and runs every engine in turn (so noise
 from the machine hits all of them alike), each request after a pause: 0.25 s
 within an engine, for earlier requests' background work (saves, releases)
 to end, 1.3 s when the previous request ran on another engine (vLLM's worker
-and engine core busy-poll for 1 s after each step: rig.SWITCH_SETTLE_S).
+and engine core busy-poll for 1 s after each step: rig.SWITCH_SETTLE_S) and
+before every timed request, so that each timed request, the floor's and
+ExampleConnector's as kvkeeper's, starts with every engine idle (one that
+finds its own engine still spinning is ~2 ms faster: rig.py).
 Medians and p90 of the repetitions (9; --quick 2) are reported, after
 untimed warm-ups. Per repetition, with a prompt of N tokens:
 
@@ -155,6 +158,10 @@ class Bench:
     def round(self, case: Case, hits: Hits) -> Dict[str, Any]:
         """Every engine once on fresh prompts of `case`; the samples of this round."""
         n, shared, one, p = case.prompt_tokens, case.shared_tokens, self.rig.one, self.prompts
+
+        def timed(engine: str, prompt: List[int]) -> Dict[str, Any]:
+            return one(engine, prompt, timed=True)   # every engine idle first (rig.py)
+
         full = p.tokens(n)
         prefix = p.tokens(shared)
         src = prefix + p.tokens(n - shared)      # what kvk-a saves and prefix serves
@@ -170,24 +177,24 @@ class Bench:
         self.rig.wait_saved([(a_held, held)])
         self.rig.evict_all()
         self.rig.wait_held_by_peer(a_held, held)
-        peer_full = one("peer", held)
+        peer_full = timed("peer", held)
         a_full = one("kvk-a", full)
         a_src = one("kvk-a", src)
         # kvk-a sends its saves in the background: all of it is in the daemon
         # (and nothing is still being sent) before anything else is measured.
         self.rig.wait_saved([(a_full, full), (a_src, src)])
-        r_full = one("recompute", full)
-        r_partial = one("recompute", partial)
-        b_full = one("kvk-b", full)
-        b_partial = one("kvk-b", partial)
+        r_full = timed("recompute", full)
+        r_partial = timed("recompute", partial)
+        b_full = timed("kvk-b", full)
+        b_partial = timed("kvk-b", partial)
         self.rig.wait_saved([(b_partial, partial)])   # kvk-b saves the blocks it computed
         x_save = one("example", full)
-        x_full = one("example", full)
+        x_full = timed("example", full)
         p_served = one("prefix", served)
         p_src = one("prefix", src)
-        p_floor = one("prefix", served + p_served["tokens"][:1])
-        p_partial = one("prefix", partial)
-        peer_host = one("peer", full)   # the same engine's host-tier hit
+        p_floor = timed("prefix", served + p_served["tokens"][:1])
+        p_partial = timed("prefix", partial)
+        peer_host = timed("peer", full)   # the same engine's host-tier hit
         return {"peer_full": peer_full, "peer_host": peer_host, "peer_src": a_held,
                 "recompute_full": r_full, "recompute_partial": r_partial, "kvk_full": b_full,
                 "kvk_partial": b_partial, "kvk_miss": a_full, "kvk_save_src": a_src,
