@@ -245,7 +245,8 @@ class AsyncClient:
 
     def arena_views(self, refs: Sequence[Any]) -> Optional[List[List[memoryview]]]:
         """Zero-copy views of blocks in the mapped arena: for each BlockRef (from
-        MatchResult.blocks), read-only memoryviews of its extents, in order;
+        MatchResult.blocks; or its copies.stored tuple, plain data for another
+        process), read-only memoryviews of its extents, in order;
         together they hold block_bytes bytes. None when no arena is mapped
         (streaming client, arena gone, client closed): use `load_into` then.
 

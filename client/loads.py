@@ -82,7 +82,7 @@ class Loads:
         m = self._transport.mapping
         if m is None:
             return None
-        exts = [extents_of(ref.extents) for ref in refs]
+        exts = [ref[2] if type(ref) is tuple else extents_of(ref.extents) for ref in refs]
         for i, ext in enumerate(exts):
             _check_span(ext, self._block_bytes, f"block ref {i}")
         try:

@@ -261,7 +261,7 @@ class KVKeeperConnector(KVConnectorBase_V1):
         if self._sched is not None:
             self._sched.on_new_request(request)
             if self._residency is not None:
-                self._residency.seen(request, self._sched.namespaces)
+                self._residency.seen(request, self._sched.seeds)
 
     @guarded(answer_miss)
     def get_num_new_matched_tokens(self, request: "Request",

@@ -54,7 +54,11 @@ class LoadSpec:
     # the scheduler's leased Match (its lease keeps them there until the
     # worker reports the load): the worker copies them without an RPC of its
     # own when it maps the same arena (arena_ids[rank]). Empty: Match itself.
-    refs: Tuple[Tuple[Any, ...], ...] = ()      # [tp_rank][i]: kvkeeper_pb2.BlockRef
+    # [tp_rank][i]: (checksum_algo, checksum, extents) of the block's BlockRef
+    # (client.copies.stored): plain data, since this travels pickled on the
+    # step's critical path, where 64 protobuf BlockRefs cost ~365 us (pickled
+    # in the engine core, unpickled in the worker) and their tuples ~30 us.
+    refs: Tuple[Tuple[Any, ...], ...] = ()
     arena_ids: Tuple[Optional[bytes], ...] = ()
     # From a same-host peer's KV cache instead of the daemon (TP 1 only):
     # (the peer's segment, (block, generation) there of each block to load).

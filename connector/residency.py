@@ -38,9 +38,9 @@ import hashlib
 import logging
 import threading
 from concurrent.futures import Future
-from typing import Any, Deque, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, List, Sequence, Tuple
 
-from kvkeeper.client.keys import block_tokens_bytes, namespace_seed
+from kvkeeper.client.keys import block_tokens_bytes
 
 from .link import DaemonLink
 from .sched_state import request_seed_inputs
@@ -116,17 +116,17 @@ class ResidencyReporter:
         pool.take_events = take_events
         self.enabled = True
 
-    def seen(self, request: Any, namespaces: Sequence[Dict[str, Any]]) -> None:
+    def seen(self, request: Any, seeds: Callable[..., Sequence[bytes]]) -> None:
         """A new request (on_new_request): its chain's first block hash and
-        each rank's seed, unless its blocks' KV is not named by its tokens."""
+        each rank's seed (`seeds(cache_salt, lora)`: the scheduler's
+        RequestSeeds), unless its blocks' KV is not named by its tokens."""
         hashes = getattr(request, "block_hashes", None)
         if not self.enabled or not hashes or getattr(request, "prompt_embeds", None) is not None:
             return
         salt, lora, mm = request_seed_inputs(request)
         if mm:
             return
-        seeds = tuple(namespace_seed(ns, cache_salt=salt, lora=lora) for ns in namespaces)
-        self.root(hashes, seeds)
+        self.root(hashes, seeds(salt, lora))
 
     def root(self, block_hashes: Sequence[Any], seeds: Sequence[bytes]) -> None:
         """A request's chain's first block hash and each rank's seed."""

@@ -21,11 +21,9 @@ Timeline of one request (as the seed notes on UCM's):
    (equal up to rounding, not always bit for bit). The leases are narrowed to the blocks
    beyond vLLM's own hit (Release with keep_blocks, queued like releases), so the daemon
    pins only what may be loaded.
-3. update_state_after_alloc: the vLLM block ids that receive the hit are
-   recorded as a LoadSpec.
-4. build_connector_meta: the step's LoadSpecs, and a SaveSpec for every full block the
-   step computes (prefill chunks and blocks filled by decoding) not known to be in the
-   daemon yet (loaded blocks are).
+3. update_state_after_alloc: the vLLM block ids that receive the hit go into a LoadSpec.
+4. build_connector_meta: the step's LoadSpecs, and a SaveSpec for every full block the step
+   computes (prefill chunks, blocks filled by decoding) not known to be in the daemon.
 5. update_connector_output: the workers report each load done (and whether a block was
    corrupt); the lease is released then (discarding the corrupt blocks, so the daemon
    drops them).
@@ -48,9 +46,11 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+from kvkeeper.client.copies import stored
+
 from .config import ConnectorConfig
 from .hit_sources import lease_sources
-from .keys import KeyChain, hit_tokens, matchable_blocks, namespace_seed
+from .keys import KeyChain, RequestSeeds, hit_tokens, matchable_blocks
 from .layout import KVLayout
 from .link import DaemonLink, LinkDown
 from .load_gates import LoadGates
@@ -91,6 +91,7 @@ class SchedulerSide:
         self.layout = layout
         self.bs = layout.block_tokens
         self.namespaces = [dict(ns) for ns in namespaces]
+        self.seeds = RequestSeeds(self.namespaces)   # each request's, per namespace
         self.links = list(links)
         self.releasers = list(releasers) if releasers is not None else [Releaser(l) for l in links]
         self.counters = counters or Counters()
@@ -121,8 +122,7 @@ class SchedulerSide:
                 self._drop_lease(st)
             salt, lora, mm = request_seed_inputs(request)
             cacheable = getattr(request, "prompt_embeds", None) is None
-            chains = [KeyChain(namespace_seed(ns, cache_salt=salt, lora=lora, extra=mm), self.bs)
-                      for ns in self.namespaces]
+            chains = [KeyChain(seed, self.bs) for seed in self.seeds(salt, lora, mm)]
             st = RequestState(request=request, chains=chains, cacheable=cacheable)
             self._reqs[rid] = st
         return st
@@ -308,7 +308,7 @@ class SchedulerSide:
         refs: Tuple[Tuple[Any, ...], ...] = ()
         if len(lease.refs) == len(self.links) and \
                 all(len(r) >= lease.start + n for r in lease.refs):
-            refs = tuple(tuple(r[lease.start:lease.start + n]) for r in lease.refs)
+            refs = tuple(tuple(stored(r[lease.start:lease.start + n])) for r in lease.refs)
         load = LoadSpec(req_id=request.request_id, keys=keys, block_ids=targets,
                         load_id=self._next_load_id, refs=refs, arena_ids=tuple(lease.arenas),
                         group_block_ids=group_ids, peer=lease.peer_part(n),

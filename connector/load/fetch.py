@@ -15,6 +15,7 @@ import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from kvkeeper.client import KVKeeperClientError
+from kvkeeper.client.copies import Stored, stored
 
 from ..blocks import block_sources
 from ..link import DaemonLink
@@ -87,14 +88,15 @@ class Fetcher:
         streamed = False   # _load_streamed releases the lease itself
         try:
             views = None
-            if len(res.blocks) >= m:
-                views = self._link.call(lambda c: c.arena_views(res.blocks[:m]), "load")
+            refs = stored(res.blocks[:m])
+            if len(refs) >= m:
+                views = self._link.call(lambda c: c.arena_views(refs), "load")
             if views is None:
                 streamed = True
                 good, bad = self._load_streamed(spec, res.lease_id, m, timings)
                 self._results.finish(spec, good, bad)
                 return None
-            return self._fetched(spec, res.lease_id, res.blocks[:m], views)
+            return self._fetched(spec, res.lease_id, refs, views)
         except BaseException:
             if not streamed and self._releaser is not None:
                 self._releaser.release(res.lease_id)
@@ -116,14 +118,15 @@ class Fetcher:
         v = self._link.call(views, "load")
         return self._fetched(spec, None, refs, v) if v is not None else None
 
-    def _fetched(self, spec: LoadSpec, lease_id: Optional[int], refs: Sequence[Any],
+    def _fetched(self, spec: LoadSpec, lease_id: Optional[int], refs: Sequence[Stored],
                  views: List[List[memoryview]]) -> FetchedLoad:
         """A load ready to copy: its blocks' arena views, and the last block
-        already copied and checked if the forward writes into it."""
+        already copied and checked if the forward writes into it. `refs`: the
+        blocks' (checksum_algo, checksum, extents) (LoadSpec.refs')."""
         loader = self._loader
         m = len(refs)
         sources = block_sources(views, loader.codec.block_bytes)
-        sums = [(b.checksum_algo, b.checksum) for b in refs]
+        sums = [(algo, checksum) for algo, checksum, _ in refs]
         f = FetchedLoad(spec, lease_id, m, sources, sums,
                         [v[0] if len(v) == 1 else None for v in views])
         if spec.recomputes_last and m == spec.num_blocks():

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from kvkeeper.connector.keys import (KEY_BYTES, KeyChain, block_tokens_bytes, chain_keys,
-                                     full_blocks, hit_tokens, matchable_blocks,
+from kvkeeper.connector.keys import (KEY_BYTES, KeyChain, RequestSeeds, block_tokens_bytes,
+                                     chain_keys, full_blocks, hit_tokens, matchable_blocks,
                                      namespace_seed)
 
 NS = {"model_id": "meta-llama/Llama-3-8B", "model_revision": "main", "dtype": "bfloat16",
@@ -139,3 +139,26 @@ def test_tokens_are_little_endian_int64() -> None:
     assert block_tokens_bytes([1, 2**40, -1]) == (b"\x01" + b"\x00" * 7
                                                    + (2**40).to_bytes(8, "little")
                                                    + b"\xff" * 8)
+
+
+def test_request_seeds_are_each_namespaces_seed_remembered_within_a_bound() -> None:
+    ranks = [dict(NS), {**NS, "tp_rank": 1, "tp_size": 2}]
+    seeds = RequestSeeds(ranks, limit=2)
+    for salt, lora, extra in ((None, None, ()), ("tenant-a", None, ()), (None, "adapter", ()),
+                              ("tenant-a", "adapter", ("img:1",)), (None, None, ())):
+        got = seeds(salt, lora, extra)
+        assert got == tuple(namespace_seed(ns, cache_salt=salt, lora=lora, extra=extra)
+                            for ns in ranks)
+        assert seeds(salt, lora, list(extra)) is got   # remembered
+    assert len(set(seeds("x") + seeds("y"))) == 4
+    ranks[0]["model_id"] = "changed after"   # the seeds keep the namespaces they were given
+    assert seeds.namespaces[0]["model_id"] == NS["model_id"]
+
+
+def test_keys_of_many_blocks_at_once_equal_those_of_one_block_at_a_time() -> None:
+    seed = namespace_seed(NS)
+    tokens = list(range(-5, 2048 - 5))
+    one = KeyChain(seed, 32)
+    for n in range(1, 65):
+        one.keys(tokens, n)
+    assert KeyChain(seed, 32).keys(tokens, 64) == one.keys(tokens, 64) == chain_keys(seed, tokens, 32)

@@ -18,7 +18,7 @@ if vllm_unavailable() is not None:
 
 from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored  # noqa: E402
 
-from kvkeeper.client.keys import chain_keys, namespace_seed  # noqa: E402
+from kvkeeper.client.keys import RequestSeeds, chain_keys, namespace_seed  # noqa: E402
 from kvkeeper.connector.hit_sources import split_hit  # noqa: E402
 from kvkeeper.connector.link import DaemonLink  # noqa: E402
 from kvkeeper.connector.residency import ResidencyReporter  # noqa: E402
@@ -78,7 +78,7 @@ async def test_stored_removed_cleared_reach_the_daemon_as_the_connectors_keys(
     tokens = list(range(5 * BS))
     seed = namespace_seed(NS)
     keys = chain_keys(seed, tokens, BS)
-    r.seen(SimpleNamespace(request_id="r1", block_hashes=[b"vllm-hash-0"]), [NS])
+    r.seen(SimpleNamespace(request_id="r1", block_hashes=[b"vllm-hash-0"]), RequestSeeds([NS]))
     # vLLM's hashes are its own; the events name them as ints, as vLLM 0.32 does.
     from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
     h = [maybe_convert_block_hash(b"vllm-hash-0")] + [1000 + i for i in range(1, 5)]
@@ -108,10 +108,10 @@ async def test_blocks_with_media_and_unseen_requests_are_not_reported(daemon: An
     keys = chain_keys(seed, tokens, BS)
     from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
     h0 = maybe_convert_block_hash(b"root")
-    r.seen(SimpleNamespace(request_id="r1", block_hashes=[b"root"]), [NS])
+    r.seen(SimpleNamespace(request_id="r1", block_hashes=[b"root"]), RequestSeeds([NS]))
     # A request with media: its seed differs, its blocks are never reported.
     media = SimpleNamespace(identifier="img", mm_position=SimpleNamespace(offset=3, length=4))
-    r.seen(SimpleNamespace(request_id="r2", block_hashes=[b"media"], mm_features=[media]), [NS])
+    r.seen(SimpleNamespace(request_id="r2", block_hashes=[b"media"], mm_features=[media]), RequestSeeds([NS]))
     h_media = maybe_convert_block_hash(b"media")
     ev = [stored([h0, 2, 3], None, tokens, extra=[None, (("img", 0),), None]),
           stored([7, 8], None, list(range(2 * BS))),   # a request the connector never saw

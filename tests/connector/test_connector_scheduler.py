@@ -9,6 +9,7 @@ waiting for an answer is a fake wait (no test depends on timing).
 from __future__ import annotations
 
 import itertools
+import pickle
 from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -27,8 +28,22 @@ from kvkeeper.connector.layout import KVLayout  # noqa: E402
 from kvkeeper.connector.link import LinkDown  # noqa: E402
 from kvkeeper.connector.metadata import KVKeeperWorkerMetadata  # noqa: E402
 from kvkeeper.connector.scheduler import IDLE_WAIT_S, SchedulerSide  # noqa: E402
+from kvkeeper.v1 import kvkeeper_pb2 as pb  # noqa: E402
 
 BS = 32
+
+
+def block_ref(key: bytes) -> Any:
+    """The BlockRef a Match would return for `key` (made-up place and checksum)."""
+    ref = pb.BlockRef(checksum_algo=pb.CHECKSUM_XXH3_64, checksum=int.from_bytes(key[:8], "big"))
+    ref.extents.add(offset=int.from_bytes(key[8:10], "big") * 4096, length=4096)
+    return ref
+
+
+def stored_ref(key: bytes) -> Tuple[int, int, List[Tuple[int, int]]]:
+    """block_ref(key) as the load names it: (checksum_algo, checksum, extents)."""
+    return (pb.CHECKSUM_XXH3_64, int.from_bytes(key[:8], "big"),
+            [(int.from_bytes(key[8:10], "big") * 4096, 4096)])
 
 
 class FakeDaemon:
@@ -60,7 +75,7 @@ class FakeDaemon:
         if lease and n:
             lid = next(self.ids)
             self.leases[lid] = list(keys[:n])
-        refs = [f"ref:{k.hex()[:8]}" for k in keys[:n]] if blocks and self.arena_id else []
+        refs = [block_ref(k) for k in keys[:n]] if blocks and self.arena_id else []
         return MatchResult(n, [2] * n, lid, refs)
 
     def release(self, lease_id: int, discard: bool = False,
@@ -778,7 +793,10 @@ def test_the_load_carries_the_schedulers_refs_for_the_blocks_it_loads() -> None:
     side.update_state_after_alloc(r, Blocks([40, 41, 42, 43, 44]), 64)
     (load,) = side.build_connector_meta(output(a=74), lambda rid: [40, 41, 42, 43, 44]).loads
     assert load.block_ids == (41, 42)
-    assert load.refs == ((f"ref:{keys[1].hex()[:8]}", f"ref:{keys[2].hex()[:8]}"),)
+    # Plain data (pickled to the workers every step), not BlockRef messages.
+    assert load.refs == ((stored_ref(keys[1]), stored_ref(keys[2])),)
+    assert pickle.loads(pickle.dumps(load)).refs == load.refs
+    assert b"kvkeeper_pb2" not in pickle.dumps(load)
     assert load.arena_ids == (b"arena-1",)
     d.arena_id = None
     r2 = Req("b", TOKENS + [6] * 10)

@@ -15,6 +15,7 @@ if vllm_unavailable() is not None:
 
 import torch  # noqa: E402
 
+from kvkeeper.client.copies import stored  # noqa: E402
 from kvkeeper.connector.config import ConnectorConfig  # noqa: E402
 from kvkeeper.connector.keys import chain_keys, namespace_seed  # noqa: E402
 from kvkeeper.connector.layout import KVLayout  # noqa: E402
@@ -370,14 +371,14 @@ def test_a_load_with_the_schedulers_refs_needs_no_rpc(daemon: DaemonProcess,
         matches = []
         real_match = client.match
         client.match = lambda *x, **k: matches.append(x) or real_match(*x, **k)
-        errors, wm = load(b, ks, [6, 7, 8], refs=(tuple(res.blocks),),
+        errors, wm = load(b, ks, [6, 7, 8], refs=(tuple(stored(res.blocks)),),
                           arena_ids=(sched.arena_id,))
         assert errors == set() and wm.loads_done == {1: {0: (3, ())}}
         assert matches == [], "no RPC of the worker's own"
         for name in ("l0", "l1"):
             assert torch.equal(dst[name][6:9], src[name][2:5])
         assert daemon.stats().leases == 1, "only the scheduler's lease"
-        errors, _ = load(b, ks, [6, 7, 8], load_id=2, refs=(tuple(res.blocks),),
+        errors, _ = load(b, ks, [6, 7, 8], load_id=2, refs=(tuple(stored(res.blocks)),),
                          arena_ids=(b"another arena...",))
         assert errors == set() and len(matches) == 1, "another arena: it matched itself"
         sched.release(res.lease_id)
@@ -468,7 +469,7 @@ def test_an_abandoned_load_writes_nothing_after_its_blocks_are_reported(
         busy = 4 * b._io.wait_s + 1.0
         b._io.submit(time.sleep, busy)
         b.start_load_kv(KVKeeperConnectorMetadata(loads=[LoadSpec(
-            "r", (tuple(ks),), (6, 7, 8), load_id=1, refs=(tuple(res.blocks),),
+            "r", (tuple(ks),), (6, 7, 8), load_id=1, refs=(tuple(stored(res.blocks)),),
             arena_ids=(sched.arena_id,))]))
         for name in ("l0", "l1"):
             b.wait_for_layer_load(name)
