@@ -115,6 +115,38 @@ def test_releaser_releases_and_drops_unknown_leases(sock: str) -> None:
         d.cleanup()
 
 
+def test_releaser_sends_each_call_its_delay_after_it_was_queued_in_order() -> None:
+    """A release waits DELAY_S (the step's output goes first), calls stay in order."""
+    sent: list = []
+
+    class Link:
+        name = "fake"
+
+        def call(self, fn, what):
+            return fn(self)
+
+        def release(self, lid, **kw):
+            sent.append((lid, time.monotonic()))
+
+        def narrow(self, lid, start, count):
+            sent.append((("narrow", lid), time.monotonic()))
+
+    rel = Releaser(Link(), delay_s=0.2)   # type: ignore[arg-type]
+    try:
+        t0 = time.monotonic()
+        rel.release(7)
+        rel.narrow(8, 0, 1)
+        rel.release(8)
+        time.sleep(0.1)
+        assert sent == [], "sent before its delay"
+        assert rel.flush(5.0)
+        assert [s for s, _ in sent] == [7, ("narrow", 8), 8]
+        assert all(at - t0 >= 0.2 for _, at in sent)
+        assert sent[-1][1] - t0 < 0.2 + 1.0, "later calls do not wait again"
+    finally:
+        rel.close()
+
+
 def test_a_hung_daemon_costs_one_deadline_then_the_breaker_answers(sock: str) -> None:
     d = DaemonProcess(sock).start()
     link = link_for(sock)   # 1 s deadline per RPC
