@@ -275,21 +275,27 @@ def test_loaded_kv_is_really_used(cluster: Cluster) -> None:
 
 
 def wait_hits_resume(cluster: Cluster, tag: str) -> None:
-    """After a daemon restart: until B hits on what A saved to the new daemon,
-    i.e. both engines' scheduler and worker sessions are registered again (a
-    test that starts before that sees loads fail and saves dropped)."""
+    """After a daemon restart: until A's lookup reaches the new daemon and B
+    hits on what A saved there, i.e. both engines' scheduler and worker
+    sessions are registered again (a test that starts before that sees
+    lookups fail, loads fail and saves dropped: CI once saw A's next three
+    lookups fail on its scheduler's stale session, lookup_errors 3)."""
     deadline = time.monotonic() + 60
     i = 0
     while True:
         q = prompt(f"{tag}-{i}", 100)
+        m0 = cluster.a.metrics()
         a = one(cluster.a, q, 4)
+        m1 = cluster.a.metrics()
+        a_looked_up = all(m1.get(f"vllm:kvkeeper_{k}", 0) - m0.get(f"vllm:kvkeeper_{k}", 0) == d
+                          for k, d in (("lookups", 1), ("lookup_errors", 0)))
         try:
             cluster.wait_stored(report_keys(a["report"], q)[:3], timeout=2.0)
         except AssertionError:
             pass
         else:
             b = one(cluster.b, q, 4)
-            if hit_tokens(b) == 96:
+            if hit_tokens(b) == 96 and a_looked_up:
                 assert b["tokens"] == a["tokens"]
                 return
         assert time.monotonic() < deadline, "hits did not resume after the daemon restarted"
