@@ -20,6 +20,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import pytest
 
+from kvkeeper.server.bench import redis_procs
+
 SERVER = shutil.which("valkey-server") or shutil.which("redis-server")
 CLI = shutil.which("valkey-cli") or shutil.which("redis-cli")
 HAVE_REDIS = SERVER is not None and CLI is not None
@@ -29,10 +31,13 @@ WAIT_S = 30.0
 NODE_TIMEOUT_MS = 1000   # how soon a cluster declares a master failed
 
 
+START_TRIES = 5   # a chosen port taken before the server bound it: choose again
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """Free now, and outside the ephemeral range, so no outgoing connection takes
+    it as its source port before a server binds it (redis_procs says more)."""
+    return redis_procs.free_port()
 
 
 class RedisServer:
@@ -40,14 +45,21 @@ class RedisServer:
 
     def __init__(self, root: Path, args: Sequence[str] = (), password: Optional[str] = None,
                  tls_dir: Optional[Path] = None) -> None:
-        self.port = free_port()
-        self.dir = root / f"redis-{self.port}"
-        self.dir.mkdir(parents=True)
         self.password = password
         self.tls_dir = tls_dir
         self.args = list(args)
         self.proc: Optional[subprocess.Popen[bytes]] = None
-        self.start()
+        for attempt in range(START_TRIES):
+            self.port = free_port()
+            self.dir = root / f"redis-{self.port}"
+            self.dir.mkdir(parents=True)
+            try:
+                self.start()
+                return
+            except AssertionError:
+                self.stop()
+                if "Address already in use" not in self.log() or attempt == START_TRIES - 1:
+                    raise
 
     def start(self) -> None:
         assert SERVER is not None

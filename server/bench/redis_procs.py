@@ -23,6 +23,8 @@ from .servers import terminate
 READY_TIMEOUT_S = 30.0
 CLUSTER_BUS_OFFSET = 10000   # a cluster node also listens on port + 10000
 CLUSTER_READY_TIMEOUT_S = 60.0
+PORT_FLOOR = 10000           # below it lie well-known services' ports
+START_TRIES = 5              # a chosen port taken before the server bound it: choose again
 
 
 class RedisUnavailable(RuntimeError):
@@ -54,10 +56,15 @@ def cli_binary() -> str:
     return _binary("cli")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' source ports (Linux's default
+    where /proc does not say)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def _bindable(port: int) -> bool:
@@ -69,14 +76,25 @@ def _bindable(port: int) -> bool:
     return True
 
 
-def free_cluster_port() -> int:
-    """A free port whose cluster bus port (+10000) is free too, both below 65536."""
+def free_port(bus: bool = False) -> int:
+    """A loopback port that is free now and outside the ephemeral range; with
+    `bus`, its cluster bus port (+10000) too.
+
+    Why outside: a server binds its port a moment after it was chosen, and a
+    port in the ephemeral range can meanwhile become the source port of any
+    outgoing connection (a started cluster node's gossip, a client): CI saw a
+    node fail with "Address already in use" on port 55510 that way."""
+    lo, hi = ephemeral_range()
+    top = 65535 - (CLUSTER_BUS_OFFSET if bus else 0)
+    wanted = [p for p in (range(PORT_FLOOR, top + 1)) if not lo <= p <= hi
+              and not (bus and lo <= p + CLUSTER_BUS_OFFSET <= hi)]
     rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(20000, 55535)
-        if _bindable(port) and _bindable(port + CLUSTER_BUS_OFFSET):
+    for _ in range(200 if wanted else 0):
+        port = rng.choice(wanted)
+        if _bindable(port) and (not bus or _bindable(port + CLUSTER_BUS_OFFSET)):
             return port
-    raise RedisUnavailable("no free pair of loopback ports for a cluster node")
+    raise RedisUnavailable(f"no free loopback port{' pair' if bus else ''} outside the "
+                           f"ephemeral range {lo}-{hi}")
 
 
 def _ping(port: int) -> bool:
@@ -95,7 +113,8 @@ class RedisServer:
                  port: Optional[int] = None, workdir: Optional[str] = None) -> None:
         self.maxmemory = maxmemory
         self.cluster = cluster
-        self.port = port or (free_cluster_port() if cluster else free_port())
+        self.fixed_port = port is not None
+        self.port = port or free_port(bus=cluster)
         self._own_dir = workdir is None
         self.dir = workdir or tempfile.mkdtemp(prefix="kvkredis-")
         self.proc: Optional[subprocess.Popen[bytes]] = None
@@ -121,17 +140,34 @@ class RedisServer:
 
     def start(self) -> "RedisServer":
         os.makedirs(self.dir, exist_ok=True)
+        for attempt in range(START_TRIES):
+            err = self._launch()
+            if err is None:
+                return self
+            lost_port = "Address already in use" in err and not self.fixed_port
+            if not lost_port or attempt == START_TRIES - 1:
+                self.stop()
+                raise RedisUnavailable(f"redis-server on port {self.port} did not start: {err}")
+            self.port = free_port(bus=self.cluster)
+        raise AssertionError("unreachable")
+
+    def _launch(self) -> Optional[str]:
+        """Start the process; None once it answers PING, else why not (it is stopped)."""
         # Its log goes to the logfile in self.dir (read back when it fails to start).
+        log = os.path.join(self.dir, "redis.log")
+        if os.path.exists(log):
+            os.unlink(log)
         self.proc = subprocess.Popen(self.args(), stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not _ping(self.port):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 err = self._log_tail()
-                self.stop()
-                raise RedisUnavailable(f"redis-server on port {self.port} did not start: {err}")
+                proc, self.proc = self.proc, None
+                terminate(proc)
+                return err or "(no log)"
             time.sleep(0.05)
-        return self
+        return None
 
     def _log_tail(self) -> str:
         log = os.path.join(self.dir, "redis.log")
@@ -225,5 +261,5 @@ class RedisClusterProcs:
         self.stop()
 
 
-__all__ = ["RedisClusterProcs", "RedisServer", "RedisUnavailable", "cli_binary", "free_port",
-           "server_binary"]
+__all__ = ["RedisClusterProcs", "RedisServer", "RedisUnavailable", "cli_binary",
+           "ephemeral_range", "free_port", "server_binary"]
