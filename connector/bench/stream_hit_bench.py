@@ -40,11 +40,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
+from kvkeeper.server.bench.ports import free_port
 from kvkeeper.server.bench.result import Result, median
 
 from .driver import check_vllm, engine_python
@@ -85,12 +85,6 @@ class Scale:
                    models=tuple(names or list(MODELS)))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class _ModelRun:
     def __init__(self, name: str, scale: Scale, log: Callable[[str], None], python: str,
                  tmp: str) -> None:
@@ -106,7 +100,7 @@ class _ModelRun:
         prompts = self.s.reps + self.s.warmups + 1
         capacity = max(256 << 20, 2 * prompts * (self.s.prompt_tokens // BLOCK_TOKENS + 1)
                        * block_bytes)
-        tcp = f"127.0.0.1:{_free_port()}"
+        tcp = f"127.0.0.1:{free_port()}"
         url = self.rig.start_daemon(capacity, tcp=tcp)
         common = [*engine_args(model, self.s.in_process), "--connector", "kvkeeper", "--report"]
         extra = json.loads(os.environ.get("KVKEEPER_BENCH_CONNECTOR_EXTRA") or "{}")

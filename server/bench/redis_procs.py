@@ -10,7 +10,6 @@ Valkey's `valkey-server` / `valkey-cli` are used where Redis's are absent.
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import socket
 import subprocess
@@ -18,12 +17,12 @@ import tempfile
 import time
 from typing import Optional, Sequence
 
+from . import ports
 from .servers import terminate
 
 READY_TIMEOUT_S = 30.0
 CLUSTER_BUS_OFFSET = 10000   # a cluster node also listens on port + 10000
 CLUSTER_READY_TIMEOUT_S = 60.0
-PORT_FLOOR = 10000           # below it lie well-known services' ports
 START_TRIES = 5              # a chosen port taken before the server bound it: choose again
 
 
@@ -56,45 +55,13 @@ def cli_binary() -> str:
     return _binary("cli")
 
 
-def ephemeral_range() -> tuple[int, int]:
-    """The kernel's range for outgoing connections' source ports (Linux's default
-    where /proc does not say)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            lo, hi = (int(x) for x in f.read().split())
-        return lo, hi
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def free_port(bus: bool = False) -> int:
-    """A loopback port that is free now and outside the ephemeral range; with
-    `bus`, its cluster bus port (+10000) too.
-
-    Why outside: a server binds its port a moment after it was chosen, and a
-    port in the ephemeral range can meanwhile become the source port of any
-    outgoing connection (a started cluster node's gossip, a client): CI saw a
-    node fail with "Address already in use" on port 55510 that way."""
-    lo, hi = ephemeral_range()
-    top = 65535 - (CLUSTER_BUS_OFFSET if bus else 0)
-    wanted = [p for p in (range(PORT_FLOOR, top + 1)) if not lo <= p <= hi
-              and not (bus and lo <= p + CLUSTER_BUS_OFFSET <= hi)]
-    rng = random.Random()
-    for _ in range(200 if wanted else 0):
-        port = rng.choice(wanted)
-        if _bindable(port) and (not bus or _bindable(port + CLUSTER_BUS_OFFSET)):
-            return port
-    raise RedisUnavailable(f"no free loopback port{' pair' if bus else ''} outside the "
-                           f"ephemeral range {lo}-{hi}")
+    """A free loopback port outside the ephemeral range (ports.py says why); with
+    `bus`, its cluster bus port (+10000) too."""
+    try:
+        return ports.free_port(CLUSTER_BUS_OFFSET if bus else 0)
+    except ports.NoFreePort as e:
+        raise RedisUnavailable(str(e)) from e
 
 
 def _ping(port: int) -> bool:
@@ -262,4 +229,4 @@ class RedisClusterProcs:
 
 
 __all__ = ["RedisClusterProcs", "RedisServer", "RedisUnavailable", "cli_binary",
-           "ephemeral_range", "free_port", "server_binary"]
+           "free_port", "server_binary"]

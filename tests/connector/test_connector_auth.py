@@ -3,7 +3,6 @@ daemon with auth.tokens_file, over TCP: with it the engine registers and looks
 up; without it every call is refused, and vLLM still gets its answers."""
 from __future__ import annotations
 
-import socket
 import time
 from typing import Any
 
@@ -11,14 +10,9 @@ import pytest
 from test_connector_guard import fake_vllm_config, request, vllm_only
 
 from connector_harness import DaemonProcess, short_tmpdir
+from kvkeeper.server.bench.ports import free_port
 
 TOKEN = "engine-fleet-0123456789abcdef"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

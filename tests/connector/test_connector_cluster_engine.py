@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import socket
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -26,18 +25,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from connector_harness import (DaemonProcess, EngineProcess, report_keys, short_tmpdir,
                                start_engines, vllm_unavailable)
 from redis_servers import needs_redis, redis_server  # noqa: F401 - a fixture
+from kvkeeper.server.bench.ports import free_port
 
 pytestmark = [pytest.mark.skipif(vllm_unavailable() is not None, reason=vllm_unavailable() or ""),
               needs_redis]
 
 BS = 32
 STARTUP_S = 900.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(address: str) -> Dict[str, float]:

@@ -12,16 +12,11 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any, Iterable, Optional
+from kvkeeper.server.bench.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 KVKEEPER = [sys.executable, "-m", "kvkeeper.server.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -5,22 +5,16 @@ import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
+from kvkeeper.server.bench.ports import free_port
 
 KVKEEPER = [sys.executable, "-m", "kvkeeper.server.cli"]
 WAIT_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class DaemonProcess:

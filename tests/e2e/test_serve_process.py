@@ -17,14 +17,9 @@ import pytest
 
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
+from kvkeeper.server.bench.ports import free_port
 
 KVKEEPER = [sys.executable, "-m", "kvkeeper.server.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def port_free(port: int) -> bool:

@@ -20,7 +20,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
+from kvkeeper.server.bench.ports import free_port
 
 HERE = Path(__file__).resolve().parent
 VLLM_SERVE = HERE / "vllm_serve.py"
@@ -40,12 +40,6 @@ STOP_GRACE_S = 30.0
 README_DAEMON_URL = "unix://./kvkeeper.sock"
 # The README's connector: (kv_connector, kv_connector_module_path).
 CONNECTOR = ("KVKeeperConnector", "kvkeeper.connector")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def kv_transfer_config(daemon_url: str, connector: Tuple[str, str] = CONNECTOR,
