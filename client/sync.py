@@ -42,6 +42,8 @@ from .url import to_grpc_target
 from .waits import budget_for, submit, wait_result
 from .wire import Chunk, encode_match_request, parse_match_response
 
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+
 __all__ = ["Client"]
 
 T = TypeVar("T")
@@ -119,10 +121,22 @@ class Client:
             raise
         self = cls(loop, thread, aclient, timeout, max_retries, call_timeout,
                    target=to_grpc_target(url), tls=tls, token=token, match_lane=match_lane)
-        # Leased Matches (and, streaming, the loads) go on the blocking
-        # channel: connect it now, not in the first lookup.
-        grpc.channel_ready_future(self._stream_channel())
+        self._warm_stream_channel()
         return self
+
+    def _warm_stream_channel(self) -> None:
+        """Leased Matches (and, streaming, the loads) go on the blocking
+        channel: connect it now, not in the first lookup, with one health
+        Check on it (any answer has connected it). Not channel_ready_future:
+        the connectivity poller it starts outlives the future by up to 0.2 s,
+        and a client closed meanwhile left it dying on the closed channel
+        ("Cannot monitor channel state: Channel closed!" on stderr)."""
+        check = self._stream_channel().unary_unary(
+            HEALTH_CHECK, request_serializer=None, response_deserializer=None)
+        try:
+            check(b"", timeout=self._timeout, metadata=self._metadata)   # service "": the server
+        except grpc.RpcError:
+            pass   # a warm-up only: the calls that need the channel report their own errors
 
     def close(self, timeout: Optional[float] = None) -> None:
         """Close the session (CloseSession within `timeout` seconds, by default

@@ -318,3 +318,24 @@ async def test_last_turn_with_keep_blocks_is_refused_and_keeps_the_lease(daemon:
         await c.release(m.lease_id)
     finally:
         await c.close()
+
+
+async def test_a_client_closed_at_once_leaves_no_thread_dying(daemon: Any,
+                                                             monkeypatch: Any) -> None:
+    """Connect warms the blocking channel up; a client closed right after
+    must not leave a thread that dies on the closed channel (grpc's
+    connectivity poller, once: "Cannot monitor channel state: Channel
+    closed!" printed to an engine's stderr at each short-lived client)."""
+    import threading
+
+    died: list[str] = []
+    monkeypatch.setattr(threading, "excepthook",
+                        lambda args: died.append(f"{args.exc_type.__name__}: {args.exc_value}"))
+
+    def churn() -> None:
+        for _ in range(5):
+            Client.connect(f"unix://{daemon.socket_path}", ns()).close()
+
+    await asyncio.to_thread(churn)
+    await asyncio.sleep(0.5)   # a poller would die within 0.2 s of its close
+    assert died == []
