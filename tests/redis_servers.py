@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import pytest
 
-from kvkeeper.server.bench import redis_procs
+from kvkeeper.server.bench import ports, redis_procs
 
 SERVER = shutil.which("valkey-server") or shutil.which("redis-server")
 CLI = shutil.which("valkey-cli") or shutil.which("redis-cli")
@@ -31,13 +31,10 @@ WAIT_S = 30.0
 NODE_TIMEOUT_MS = 1000   # how soon a cluster declares a master failed
 
 
-START_TRIES = 5   # a chosen port taken before the server bound it: choose again
-
-
 def free_port() -> int:
     """Free now, and outside the ephemeral range, so no outgoing connection takes
-    it as its source port before a server binds it (redis_procs says more)."""
-    return redis_procs.free_port()
+    it as its source port before a server binds it (ports.py says more)."""
+    return ports.free_port()
 
 
 class RedisServer:
@@ -49,7 +46,10 @@ class RedisServer:
         self.tls_dir = tls_dir
         self.args = list(args)
         self.proc: Optional[subprocess.Popen[bytes]] = None
-        for attempt in range(START_TRIES):
+        # A chosen port taken before the server bound it: choose again, as the
+        # benchmark's launcher does.
+        tries = redis_procs.START_TRIES
+        for attempt in range(tries):
             self.port = free_port()
             self.dir = root / f"redis-{self.port}"
             self.dir.mkdir(parents=True)
@@ -58,7 +58,7 @@ class RedisServer:
                 return
             except AssertionError:
                 self.stop()
-                if "Address already in use" not in self.log() or attempt == START_TRIES - 1:
+                if "Address already in use" not in self.log() or attempt == tries - 1:
                     raise
 
     def start(self) -> None:

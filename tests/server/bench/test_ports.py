@@ -23,7 +23,8 @@ def test_a_taken_port_is_not_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
     # Only one port is outside the range, and it is taken: a clear error.
     monkeypatch.setattr(ports, "ephemeral_range", lambda: (ports.PORT_FLOOR + 1, 65535))
     monkeypatch.setattr(ports, "bindable", lambda p: False)
-    with pytest.raises(NoFreePort, match=f"outside the ephemeral range {ports.PORT_FLOOR + 1}-65535"):
+    lo = ports.PORT_FLOOR + 1
+    with pytest.raises(NoFreePort, match=f"outside the ephemeral range {lo}-65535"):
         free_port()
 
 
