@@ -76,6 +76,12 @@ class Saves:
         views = block_views(blocks, s.namespace.block_bytes, writable=False)
         s.check_open()
         totals = [0, 0, 0, 0, 0]
+        # Rounds go one after another. Sending a round's ReserveSave while the
+        # round before it copies, and its CommitSave while the next copies,
+        # was measured slower on the 2-core machine here: 1024 blocks of 256
+        # KiB through the arena, in 8 rounds, took 50-75 ms against 29-33 ms
+        # whole (the copies took twice as long beside the daemon's ~10 us a
+        # key of reserve and commit work, with one copy thread or two).
         limit = s.max_keys or max(1, len(keys))
         for start in range(0, len(keys), limit):
             r = await self._save_part(keys[start:start + limit], views[start:start + limit],
