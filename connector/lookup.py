@@ -7,9 +7,10 @@ from __future__ import annotations
 import concurrent.futures
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["Lease", "Lookup", "LookupAnswer", "match_with_refs", "peer_lease", "wait_all"]
+__all__ = ["Lease", "Lookup", "LookupAnswer", "match_with_refs", "peer_lease", "use_report",
+           "wait_all"]
 
 
 def match_with_refs(client: Any, keys: List[bytes],
@@ -77,6 +78,23 @@ def peer_lease(ranks: int, hit: Any) -> Lease:
                  tiers=[1] * len(hit.blocks))
 
 
+def use_report(prompt_tokens: int, limit: int, local_blocks: int) -> Dict[str, int]:
+    """What a lookup's Release reports (ReleaseRequest's report): the prompt,
+    the blocks looked up and those vLLM's own cache held (loaded_blocks is
+    the releaser's caller's to add)."""
+    return {"prompt_tokens": prompt_tokens, "prompt_blocks": limit,
+            "local_blocks": min(local_blocks, limit)}
+
+
+def _release_landed(releaser: Any, fut: Future[Any], report: Optional[Mapping[str, int]],
+                    last_turn: bool) -> None:
+    if fut.cancelled() or fut.exception() is not None:
+        return   # nothing was leased
+    releaser.release(getattr(fut.result()[0], "lease_id", None),
+                     report=None if report is None else {**report, "loaded_blocks": 0},
+                     last_turn=last_turn)
+
+
 @dataclass
 class LookupAnswer:
     lease: Lease                   # every rank's lease (start and blocks still 0)
@@ -95,6 +113,16 @@ class Lookup:
 
     def done(self) -> bool:
         return all(f.done() for f in self.futures)
+
+    def release_when_done(self, releasers: Sequence[Any],
+                          report: Optional[Mapping[str, int]] = None,
+                          last_turn: bool = False) -> None:
+        """Nobody will use this lookup: release each rank's lease (with
+        `report` and `last_turn`, as Releaser.release) whenever its Match
+        lands, on the link's thread (or here, if it already has)."""
+        for rank, fut in enumerate(self.futures):
+            fut.add_done_callback(lambda f, r=releasers[rank]: _release_landed(r, f, report,
+                                                                              last_turn))
 
     def answer(self) -> LookupAnswer:
         """The ranks' results, once done(); the leases taken are in the answer

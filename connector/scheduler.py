@@ -54,7 +54,7 @@ from .keys import KeyChain, RequestSeeds, hit_tokens, matchable_blocks
 from .layout import KVLayout
 from .link import DaemonLink, LinkDown
 from .load_gates import LoadGates
-from .lookup import Lease, Lookup, match_with_refs, peer_lease, wait_all
+from .lookup import Lease, Lookup, match_with_refs, peer_lease, use_report, wait_all
 from .metadata import KVKeeperConnectorMetadata, KVKeeperWorkerMetadata, LoadSpec
 from .releaser import Releaser
 from .save_plan import plan_saves
@@ -165,16 +165,8 @@ class SchedulerSide:
     def _forget_lookup(self, st: RequestState) -> None:
         """Nobody will use st's lookup: release its leases whenever it lands."""
         lk, st.lookup = st.lookup, None
-        if lk is None:
-            return
-        for rank, fut in enumerate(lk.futures):
-            fut.add_done_callback(lambda f, rank=rank: self._release_result(rank, f))
-
-    def _release_result(self, rank: int, fut: Future[Any]) -> None:
-        # Runs on the link's thread (or here, if already done).
-        if fut.cancelled() or fut.exception() is not None:
-            return
-        self.releasers[rank].release(getattr(fut.result()[0], "lease_id", None))
+        if lk is not None:
+            lk.release_when_done(self.releasers)
 
     def _wait_for(self, lk: Lookup) -> None:
         left = lk.deadline - self._clock()
@@ -213,8 +205,7 @@ class SchedulerSide:
         self.counters.inc("lookups")
         self.counters.inc("lookup_tokens", max(0, top - num_computed_tokens))
         local = min(num_computed_tokens // bs, lk.limit)
-        lease.report = {"prompt_tokens": request.num_tokens, "prompt_blocks": lk.limit,
-                        "local_blocks": local}
+        lease.report = use_report(request.num_tokens, lk.limit, local)
         hit = hit_tokens(request.num_tokens, matched, bs) - num_computed_tokens
         if hit <= 0 or not self._may_load(st):
             self._release(lease)
@@ -249,6 +240,15 @@ class SchedulerSide:
                 return 0, False
             lk = st.lookup
             assert lk is not None
+        if not lk.done() and num_computed_tokens >= hit_tokens(request.num_tokens, lk.limit, self.bs):
+            # vLLM's own cache holds all that a hit could cover: the answer is
+            # 0 whatever the daemon says, so do not wait for it (~1 ms a request).
+            st.lookup = None
+            self._answered.add(request.request_id)
+            self.counters.inc("lookups")
+            lk.release_when_done(self.releasers, use_report(
+                request.num_tokens, lk.limit, num_computed_tokens // self.bs), lk.last_turn)
+            return 0, False
         if not lk.done():
             self._wait_for(lk)
             if not lk.done():

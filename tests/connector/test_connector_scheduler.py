@@ -658,6 +658,35 @@ def test_wait_budget_is_shared_by_a_step_and_zero_never_waits() -> None:
     assert never.get_num_new_matched_tokens(r, 0) == (0, False)    # the daemon holds nothing
 
 
+def test_a_lookup_vllms_own_cache_makes_moot_is_answered_without_waiting() -> None:
+    """vLLM's own prefix cache holds every block a hit could cover: the
+    answer is 0 at once, whatever the daemon will say, and the lease the
+    lookup takes is released as it lands, with the lookup's report (vLLM's
+    own hit counts as ever) and the request's last turn."""
+    side, (d,), (link,) = make()
+    hold(link)
+    store(d, 0, TOKENS, 4)
+    r = Req("a", TOKENS, kv_transfer_params={"kvkeeper_last_turn": True})
+    side.on_new_request(r)
+    assert side.get_num_new_matched_tokens(r, 127) == (0, False)
+    assert side._wait.timeouts == [] and side.pending_lookups() == 0
+    assert side.take_stats().data["lookups"] == 1
+    assert d.released == [], "the Match has not landed"
+    link.land()
+    flush(side)
+    assert d.leases == {} and d.released == [(1, False)] and d.last_turns == [1]
+    assert d.reports == [(1, {"prompt_tokens": 128, "prompt_blocks": 4, "local_blocks": 3,
+                              "loaded_blocks": 0})]
+    # one block short of that, a hit could add it: the lookup is waited for
+    # (the step's 5 ms: r, answered, runs in this step)
+    r2 = Req("b", TOKENS)
+    side.on_new_request(r2)
+    assert side.get_num_new_matched_tokens(r2, 96) == (None, False)
+    assert side._wait.timeouts == [0.005]
+    link.land()
+    assert side.get_num_new_matched_tokens(r2, 96) == (31, False)
+
+
 def test_failed_or_late_lookup_is_a_miss_and_its_lease_is_released() -> None:
     side, (d,), (link,) = make()
     hold(link)
