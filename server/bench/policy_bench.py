@@ -32,7 +32,10 @@ Each result also says what share of the cache held dead blocks (no later
 lookup reads them; sampled through the replay), and one informational result
 per point replays the default policy driven by a client told which blocks
 are read again (policy_liveness.py): how much of the gap to the optimum is
-holding the dead, and how much the timing of the next reads.
+holding the dead, and how much the timing of the next reads. Another
+(`policy.blind.*`, policy_blind.py) is the optimum that knows when each
+conversation's next turn comes but not which conversations ended: how much of
+the optimum's lead knowing ends is worth on its own.
 
 --quick: 400 requests per mix (seconds); default: 2000 per mix (~1-2 min).
 """
@@ -46,6 +49,7 @@ from ..ids import HOST
 from ..ledger import Ledger, LedgerConfig, NamespaceDescriptor, TierSpec
 from ..ledger.chains import stranded
 from ..ledger.policy import DEFAULT_POLICY, POLICIES
+from .policy_blind import blind_hits, think_times
 from .policy_liveness import DeadShare, last_lookups, live_prefix
 from .policy_optimum import optimum_hits
 from .policy_trace import MIXES, Request, generate, read_trace, reread_working_set
@@ -173,6 +177,7 @@ def run(quick: bool = False, *, log: Callable[[str], None] = lambda s: None,
         ws = reread_working_set(reqs)
         last = last_lookups(reqs)
         last_turns = sum(r.last_turn for r in reqs)
+        gaps = think_times(reqs)
         log(f"policy: {mix}: {len(reqs)} requests, {sum(r.prompt_blocks for r in reqs)} "
             f"looked-up blocks, re-read working set {ws} blocks")
         for point in POINTS:
@@ -192,6 +197,9 @@ def run(quick: bool = False, *, log: Callable[[str], None] = lambda s: None,
             told = replay(reqs, cap, DEFAULT_POLICY, told=True, last=last)
             log(f"policy: {mix} {point:.0%} {DEFAULT_POLICY}, told what is read again: "
                 f"{told.ratio:.3f} (dead share {told.dead_share:.2f})")
+            blind = blind_hits(reqs, cap, gaps=gaps)[0] / asked if asked else 0.0
+            log(f"policy: {mix} {point:.0%} the optimum blind to ends (knowing think times): "
+                f"{blind:.3f}")
             label = f"{mix}.{round(point * 100)}pct"
             params = {"mix": mix, "capacity_blocks": cap, "capacity_of_working_set": point,
                       "working_set_blocks": ws, "requests": len(reqs), "looked_up_blocks": asked,
@@ -217,6 +225,15 @@ def run(quick: bool = False, *, log: Callable[[str], None] = lambda s: None,
                 note="analysis, not a policy: the default policy driven by a client that knows "
                      "which blocks are read again (policy_liveness.py); the rest of the gap to "
                      "the optimum is when they are read"))
+            results.append(Result(
+                name=f"policy.blind.{label}", value=blind, unit="ratio",
+                baseline_name="offline optimum (Belady over blocks, bypass)",
+                baseline_value=opt, better="higher",
+                params={**params, "last_turns": last_turns, "think_times": len(gaps)},
+                note="analysis, not a policy: the optimum knowing when each conversation's "
+                     "next turn comes but not which ended (an ended one's blocks are held for "
+                     "a phantom turn a think time later, policy_blind.py); optimum - blind is "
+                     "what knowing ends is worth on top of knowing timing"))
             if DEFAULT_POLICY in got and "lru" in got:
                 results.append(Result(
                     name=f"policy.default_vs_lru.{label}", value=got[DEFAULT_POLICY].ratio,

@@ -43,11 +43,27 @@ def next_uses(requests: Sequence[Request]) -> list[list[float]]:
 
 def optimum_hits(requests: Sequence[Request], capacity: int) -> tuple[int, int]:
     """(hit blocks, looked-up blocks) of the offline optimum with `capacity` blocks."""
-    uses = next_uses(requests)
+    return min_hits(requests, next_uses(requests), capacity)
+
+
+def min_hits(requests: Sequence[Request], uses: Sequence[Sequence[float]],
+             capacity: int) -> tuple[int, int]:
+    """(hit blocks, looked-up blocks) of MIN driven by `uses` (next_uses' shape:
+    when each key of each request is believed to be looked up next). A cached
+    key whose believed next lookup passed without it (policy_blind.py's
+    phantom turns; never with next_uses, where a key is looked up when
+    believed) is believed never looked up again, so it leaves at once."""
     cached: dict[bytes, float] = {}        # key -> its next use
     heap: list[tuple[float, bytes]] = []   # (-next use, key), stale entries skipped
+    due: list[tuple[float, bytes]] = []    # (next use, key): the ones that may pass
     hits = asked = 0
+    t = 0                                  # the event number of the request's first key
     for r, row in zip(requests, uses):
+        while due and due[0][0] < t:       # believed looked up by now, and was not
+            nu, k = heapq.heappop(due)
+            if cached.get(k) == nu:
+                del cached[k]
+        t += len(r.keys)
         asked += r.prompt_blocks
         for k in r.keys[:r.prompt_blocks]:
             if k not in cached:
@@ -60,6 +76,7 @@ def optimum_hits(requests: Sequence[Request], capacity: int) -> tuple[int, int]:
                 else:
                     cached[k] = nu
                     heapq.heappush(heap, (-nu, k))
+                    heapq.heappush(due, (nu, k))
                 continue
             if nu == math.inf or capacity <= 0:
                 continue
@@ -75,7 +92,10 @@ def optimum_hits(requests: Sequence[Request], capacity: int) -> tuple[int, int]:
                 del cached[victim]
             cached[k] = nu
             heapq.heappush(heap, (-nu, k))
+            heapq.heappush(due, (nu, k))
         if len(heap) > 4 * capacity + 1024:   # drop stale entries now and then
             heap = [(-v, k) for k, v in cached.items()]
             heapq.heapify(heap)
+            due = [(v, k) for k, v in cached.items()]
+            heapq.heapify(due)
     return hits, asked

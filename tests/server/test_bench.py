@@ -219,6 +219,7 @@ def test_policy_quick(capsys: pytest.CaptureFixture[str]) -> None:
     expect |= {f"policy.default_vs_lru.{lb}" for lb in labels}
     expect |= {f"policy.told.{lb}.{DEFAULT_POLICY}" for lb in labels}
     expect |= {f"policy.hinted.{lb}.{p}" for lb in labels for p in POLICIES}
+    expect |= {f"policy.blind.{lb}" for lb in labels}
     check_shape(items, "policy", expect)
     by = {r["name"]: r for r in items}
     for lb in labels:
@@ -238,6 +239,10 @@ def test_policy_quick(capsys: pytest.CaptureFixture[str]) -> None:
         told = by[f"policy.told.{lb}.{DEFAULT_POLICY}"]
         assert told["target"] is None and told["value"] <= told["baseline_value"] + 1e-9
         assert told["params"]["dead_share_of_cache"] == 0
+        # So is the optimum blind to ends; the quick traces hold ends and think times.
+        blind = by[f"policy.blind.{lb}"]
+        assert blind["target"] is None and 0 < blind["value"] <= blind["baseline_value"] + 1e-9
+        assert blind["params"]["last_turns"] > 0 and blind["params"]["think_times"] > 0
 
 
 def test_policy_replays_a_recorded_trace(capsys: pytest.CaptureFixture[str],
