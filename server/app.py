@@ -24,15 +24,15 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from kvkeeper.client.match_lane import lane_path
 from kvkeeper.client.peer_wire import peer_socket_path
-from kvkeeper.v1 import admin_pb2, admin_pb2_grpc, kvkeeper_pb2, kvkeeper_pb2_grpc
-from kvkeeper.v1 import residency_pb2, residency_pb2_grpc
+from kvkeeper.v1 import admin_pb2, admin_pb2_grpc, kvkeeper_pb2, kvkeeper_pb2_grpc, residency_pb2, residency_pb2_grpc
 
 from .api.admin import AdminServicer
 from .api.decoding import GenericOnly, add_guarded
 from .api.health import SERVING, Health
 from .api.match_lane import LaneCollector, MatchLaneServer
 from .api.residency import ResidencyServicer
-from .api.servicer import BULK_CODECS, KVKeeperServicer
+from .api.chunks import BULK_CODECS
+from .api.servicer import KVKeeperServicer
 from .config import Config, ConfigError
 from .ids import CLUSTER
 from .ledger import Ledger
@@ -41,12 +41,12 @@ from .metrics import Metrics
 from .ops import grpclog, logsetup
 from .ops.gcpolicy import GcPolicy
 from .ops.reload import plan_reload
-from .ops.sdnotify import notify as sd_notify
-from .ops.sdnotify import start_progress
+from .ops.sdnotify import notify as sd_notify, start_progress
 from .ops.socketpath import claim_socket_path
 from .ops.startfaults import ADDRESS_ERRNOS, PATH_ERRNOS, SIZE_ERRNOS, blame, listen_failure
 from .ops.startsignals import interruptible
 from .ops.teardown import run_all, run_all_now, unlink_present
+from .ops.traffic_file import open_traffic
 from .ops.watch import CounterWatch
 from .peer.metrics import PeerCollector
 from .peer.service import PeerService
@@ -89,6 +89,7 @@ class Daemon:
                                   config.source_of("listen.socket_group"))
         self.ledger = Ledger(config.to_ledger_config(),
                              quotas=self.tokens.quotas if self.tokens else None)
+        self.traffic = open_traffic(config, self.ledger)   # [ledger] traffic_file: a bad path refuses
         ht = config.host_tier
         name = ht.name or f"kvkeeper-{os.getpid()}"
         if config.listen.socket:
@@ -147,6 +148,7 @@ class Daemon:
         if self.auth is not None:
             self.servicer.authorize_namespace = self.auth.check_namespace
             self.servicer.may_see_model = self.auth.covers
+        self.servicer.traffic = self.traffic.recorder
         add_guarded(kvkeeper_pb2_grpc.add_KVKeeperServicer_to_server, self.servicer, self.server,
                     codecs=BULK_CODECS)
         self.residency = ResidencyServicer(self.ledger, self.servicer)
@@ -277,6 +279,7 @@ class Daemon:
                 await self.stack.maintain()
                 report = self.ledger.expire(time.monotonic())
                 self.watch.tick(time.monotonic())
+                self.traffic.tick(time.monotonic())
             except Exception:  # noqa: BLE001 - the reaper must outlive a bug report
                 log.exception("expiry failed")
                 continue
@@ -380,6 +383,7 @@ class Daemon:
             steps.append(("closing the match lane", self.lane.stop))
         # No request comes any more: hand the heap back to CPython's own GC.
         steps.append(("releasing the GC policy", self.gc.release))
+        steps.append(("writing the traffic file", self.traffic.close))
         # Write-back: everything acknowledged reaches the tiers below before the arena goes.
         steps.append(("closing the tiers", self.stack.close))
         # In-flight RPCs are done: nobody holds a view into the arena any more.

@@ -1,4 +1,5 @@
-"""How LoadStream cuts a lease into chunks: sizes, and groups of whole blocks.
+"""How LoadStream cuts a lease into chunks: sizes, and groups of whole blocks; the
+bulk messages' codecs.
 
 A block larger than a chunk goes in pieces of STREAM_CHUNK_BYTES; blocks that
 fit twice go packed, as many whole blocks as STREAM_PACK_BYTES holds
@@ -7,6 +8,8 @@ fit twice go packed, as many whole blocks as STREAM_PACK_BYTES holds
 from __future__ import annotations
 
 from typing import Any, Iterator, List, Sequence, Tuple
+
+from kvkeeper.client.wire import frame_or_message, parse_write_chunk
 
 # 1 MiB: 4 MiB chunks overflow the L2 cache and measured slower end to end.
 STREAM_CHUNK_BYTES = 1 << 20
@@ -23,6 +26,13 @@ STREAM_PACK_BYTES = 1 << 20
 MAX_PACK_BLOCKS = 256
 # Room for a BlockChunk's other fields (the client keeps the same margin for WriteChunk).
 CHUNK_OVERHEAD_BYTES = 4096
+# The bulk messages go through kvkeeper.client.wire (the same bytes, fewer
+# copies): LoadStream yields frames built from the arena in one copy, and
+# WriteBlocks reads each chunk's data as a view of the received message.
+# Match answers bytes built there too, except when it carries BlockRefs.
+BULK_CODECS = {"LoadStream": {"response_serializer": frame_or_message},
+               "WriteBlocks": {"request_deserializer": parse_write_chunk},
+               "Match": {"response_serializer": frame_or_message}}
 
 
 def stream_message_bytes(block_bytes: int) -> int:

@@ -13,7 +13,7 @@ import time
 from typing import Any, AsyncIterator, Callable
 
 from kvkeeper.client.wire import (encode_block_chunk, encode_match_response, encode_stream_head,
-                                  frame_or_message, parse_write_chunk, slice_views)
+                                  slice_views)
 from kvkeeper.v1 import kvkeeper_pb2 as pb
 from kvkeeper.v1 import kvkeeper_pb2_grpc as pb_grpc
 
@@ -22,6 +22,7 @@ from ..errors import (DeadlineExceeded, FailedPrecondition, InvalidArgument, Out
 from ..ids import LeaseId, SessionId
 from ..ledger import Block, Lease, Ledger
 from ..ledger.sessions import tag
+from ..ops.traffic import NO_TRAFFIC, NoTraffic, TrafficRecorder
 from ..tiers.stack import TierStack
 from ..quoting import clip
 from ..security import identity
@@ -39,13 +40,6 @@ log = logging.getLogger("kvkeeper.api")
 # Upper bounds of what one block adds to an answer, beyond its key: a BlockRef's
 # tags, checksum and length prefix, and per extent (at most one per page).
 REF_BYTES, EXTENT_BYTES = 32, 24
-# The bulk messages go through kvkeeper.client.wire (the same bytes, fewer
-# copies): LoadStream yields frames built from the arena in one copy, and
-# WriteBlocks reads each chunk's data as a view of the received message.
-# Match answers bytes built there too, except when it carries BlockRefs.
-BULK_CODECS = {"LoadStream": {"response_serializer": frame_or_message},
-               "WriteBlocks": {"request_deserializer": parse_write_chunk},
-               "Match": {"response_serializer": frame_or_message}}
 
 
 class KVKeeperServicer(pb_grpc.KVKeeperServicer):
@@ -73,6 +67,7 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         self.may_see_model: Callable[[Any, str], bool] | None = None   # the same, quietly
         # The open WatchSession calls (watch.py).
         self.watches = Watches(ledger, clock)
+        self.traffic: "NoTraffic | TrafficRecorder" = NO_TRAFFIC   # [ledger] traffic_file
         self.arena_pb = pb.ShmArena(path=arena.path, size_bytes=arena.size_bytes,
                                     page_bytes=arena.page_bytes, arena_id=arena.arena_id)
 
@@ -123,6 +118,7 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         owner = identity.of(context)
         r = await self.stack.match(sid, request.keys, lease=request.lease,
                                    report_use=request.report_use, owner=owner)
+        self.traffic.match(sid, request.keys, r.lease_id, self.clock())
         if r.lease_id and _past_deadline(context):
             # The stack took longer than the caller waits (a promotion, a
             # stalled loop): grpc drops an answer past its deadline, so the
@@ -284,6 +280,7 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
         loaded = self.ledger.release(sid, request.lease_id, now, discard=request.discard,
                                      discard_indices=request.discard_indices, report=report,
                                      owner=owner, last_turn=request.last_turn)
+        self.traffic.released(request.lease_id, request.last_turn, now)
         if loaded and lease is not None and lease.refs_out:
             self.metrics.observe_transfer("load", "shm", loaded * lease.session.ns.block_bytes,
                                           None)
@@ -302,8 +299,11 @@ class KVKeeperServicer(pb_grpc.KVKeeperServicer):
                                   "(same host) or TRANSPORT_STREAM")
         stream = request.transport == pb.TRANSPORT_STREAM
         parent = request.parent_key if request.HasField("parent_key") else None
-        r = self.ledger.reserve(sid, request.keys, now, track_writes=stream, parent=parent,
-                                owner=owner)
+        try:
+            r = self.ledger.reserve(sid, request.keys, now, track_writes=stream, parent=parent,
+                                    owner=owner)
+        finally:   # what the client asked to save, kept or not (a full tier refuses it)
+            self.traffic.saved(sid, request.keys, parent, now)
         resp = pb.ReserveSaveResponse(reservation_id=r.reservation_id or 0,
                                       expires_in_seconds=r.expires_at - now, pack_writes=stream)
         statuses = [SLOT_TO_PB[s] for s in r.statuses]

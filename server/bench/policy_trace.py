@@ -35,10 +35,12 @@ File format (`write_trace`, `read_trace`): JSON lines, one request a line,
 keys[0] is the first block of a chain; each key's parent is the key before
 it; prompt_blocks <= len(keys) (the rest are decode blocks); last_turn
 (optional, false when absent): the request said it was its conversation's
-last turn. Keys are hex
-of any fixed length (all the same). An operator can record their own
-traffic in this shape (the keys of each Match and the Reserve that followed)
-and replay it: `kvkeeper bench policy --trace FILE`.
+last turn; ns (optional): the namespace the request ran in, folded into its
+keys (two namespaces' equal keys are different blocks). Keys are hex of any
+fixed length (all the same). The daemon records its own traffic in this
+shape (`[ledger] traffic_file`, server/ops/traffic.py: the keys of each
+Match and the saves that continued them), and an operator replays it:
+`kvkeeper bench policy --trace FILE`.
 """
 from __future__ import annotations
 
@@ -233,6 +235,7 @@ def read_trace(path: str) -> list[Request]:
                 keys = tuple(bytes.fromhex(k) for k in d["keys"])
                 prompt = int(d["prompt_blocks"])
                 last = d.get("last_turn", False)
+                ns = d.get("ns")
             except (ValueError, KeyError, TypeError) as e:
                 raise TraceError(f"{path}:{n}: not a request line "
                                  f'{{"keys": [hex, ...], "prompt_blocks": N}}: {e}') from None
@@ -244,6 +247,11 @@ def read_trace(path: str) -> list[Request]:
                 raise TraceError(f"{path}:{n}: keys of different lengths; all keys have one length")
             if not isinstance(last, bool):
                 raise TraceError(f"{path}:{n}: last_turn is {last!r}; true, false or absent")
+            if ns is not None:
+                if not isinstance(ns, str):
+                    raise TraceError(f"{path}:{n}: ns is {ns!r}; a namespace's name or absent")
+                keys = tuple(hashlib.blake2b(ns.encode() + k, digest_size=len(k)).digest()
+                             for k in keys)
             width = w.pop()
             out.append(Request(keys, prompt, last))
     if not out:

@@ -109,6 +109,13 @@ class LedgerSection:
     max_sessions_per_identity: int = _opt(4096, "int", "live sessions one identity (a token, "
                                           "the unix socket, ...) may hold; 0: no limit",
                                           min=0, max=1 << 24)
+    traffic_file: str = _opt("", "path", "append each request (the keys its lookup asked and "
+                             "the saves that continued them) to this file, JSON lines that "
+                             "`kvkeeper bench policy --trace FILE` replays through every eviction "
+                             "policy and the offline optimum; \"\" records nothing")
+    traffic_requests: int = _opt(100000, "int", "requests traffic_file records, then it stops "
+                                 "(a request of n blocks takes about 70n bytes)",
+                                 min=1, max=1 << 40)
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,7 @@ def test_the_file_format_round_trips(tmp_path, mix):
     ('{"keys": ["00ff", "00"], "prompt_blocks": 1}', "different lengths"),
     ('{"keys": ["00ff"], "prompt_blocks": 1, "last_turn": "yes"}', "last_turn is 'yes'"),
     ('{"keys": ["00ff"], "prompt_blocks": 1, "last_turn": 1}', "last_turn is 1"),
+    ('{"keys": ["00ff"], "prompt_blocks": 1, "ns": 7}', "ns is 7"),
 ])
 def test_a_bad_trace_names_its_line(tmp_path, line, why):
     path = tmp_path / "t.jsonl"

@@ -94,7 +94,8 @@ def test_print_config_json(capsys, monkeypatch):
     assert d["ledger"] == {"eviction_policy": "hits-lru", "key_bytes": 32,
                            "max_keys_per_call": 4096, "lease_ttl_seconds": 120.0,
                            "reservation_timeout_seconds": 60.0, "event_buffer_keys": 1 << 18,
-                           "max_sessions_per_identity": 4096}
+                           "max_sessions_per_identity": 4096, "traffic_file": "",
+                           "traffic_requests": 100000}
     assert d["host_tier"]["page_bytes"] == 128 * KiB
     assert d["listen"]["socket_mode"] == "0660"
 
