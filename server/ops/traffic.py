@@ -13,6 +13,9 @@ request in the trace format of server/bench/policy_trace.py:
   ReserveSave whose parent is a request's last key, or that holds it, extends
   that request by the keys after it. Saves inside a prompt (the blocks the
   Match missed) add nothing: the replay saves what a lookup missed itself.
+  A request whose chain a later Match continues (a conversation's next turn)
+  is extended no more, so the next turn's saves are never its previous
+  turn's.
 * prompt_blocks: how many keys the Match looked up.
 * last_turn: the request's lease was released with last_turn.
 * ns: the namespace, which a replay folds into the keys (namespaces that
@@ -87,9 +90,15 @@ class TrafficRecorder:
             return
         self.requests += 1
         r = Request(ns, list(keys), now, lease_id or 0)
+        ends = self._ends
+        for k in r.keys[:-1]:
+            # A request whose chain this prompt continues (a conversation's
+            # previous turn) is extended no more: a save under its last key is
+            # now this request's (the missed blocks of its prompt).
+            ends.pop((ns, k), None)
         self._seq += 1
         self._open[self._seq] = r
-        self._ends[(ns, r.keys[-1])] = r
+        ends[(ns, r.keys[-1])] = r
         if r.lease:
             self._leases[r.lease] = r
         self._close(now)

@@ -43,6 +43,24 @@ def test_a_request_is_its_lookup_then_the_saves_that_continue_its_chain():
     assert rec.written == 1 and rec.finished is False   # limit 100: still recording
 
 
+def test_a_next_turns_saves_extend_the_next_turn_not_the_one_it_continues():
+    # Measured with vLLM: the next turn's new blocks were saved under the last
+    # block of the previous turn's answer, and joined that turn.
+    rec = recorder()
+    first = chain(b"p", 3)
+    rec.match("s1", first, 1, now=0.0)
+    answer = chain(b"d", 1, first)[3:]
+    rec.saved("s1", first + answer, b"", now=0.1)
+    turn = chain(b"m", 2, first + answer)                 # history + a new message
+    rec.match("s1", turn, 2, now=1.0)
+    rec.saved("s1", turn[4:5], answer[-1], now=1.1)       # a missed block: nothing
+    more = chain(b"e", 1, turn)[6:]
+    rec.saved("s1", turn[4:] + more, answer[-1], now=1.2)   # the rest and its answer
+    one, two = lines(rec)
+    assert one["keys"] == [k.hex() for k in first + answer]
+    assert two["keys"] == [k.hex() for k in turn + more] and two["prompt_blocks"] == 6
+
+
 def test_lines_come_in_match_order_and_a_full_buffer_writes_its_oldest():
     rec = recorder(open_max=2)
     a, b, c = chain(b"a", 2), chain(b"b", 2), chain(b"c", 2)
