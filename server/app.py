@@ -46,7 +46,7 @@ from .ops.socketpath import claim_socket_path
 from .ops.startfaults import ADDRESS_ERRNOS, PATH_ERRNOS, SIZE_ERRNOS, blame, listen_failure
 from .ops.startsignals import interruptible
 from .ops.teardown import run_all, run_all_now, unlink_present
-from .ops.traffic_file import open_traffic
+from .ops.traffic_file import open_traffic, reload_traffic
 from .ops.watch import CounterWatch
 from .peer.metrics import PeerCollector
 from .peer.service import PeerService
@@ -55,9 +55,10 @@ from .security.auth import AuthInterceptor, AuthPolicy, check_exposure, server_c
 from .security.revocation import log_revocations, plan_revocations
 from .security.tokens import TokenTable, load_tokens
 from .tiers.arena import Arena, ArenaSpaceError
+from .tiers.configured import lower_tiers
 from .tiers.disk_tier import DiskTier
 from .version import package_version
-from .tiers.stack import LowerTier, TierStack
+from .tiers.stack import TierStack
 
 log = logging.getLogger("kvkeeper")
 
@@ -123,7 +124,7 @@ class Daemon:
         if self.arena.page_count < self.ledger.top.capacity_pages:
             raise RuntimeError("arena holds fewer pages than the ledger plans for")
         try:
-            lower = _lower_tiers(config, self.ledger)
+            lower = lower_tiers(config, self.ledger)
         except BaseException:
             self.arena.close()
             raise
@@ -335,6 +336,8 @@ class Daemon:
             self.tokens = self.auth.table = table
             self.ledger.quotas = dict(table.quotas)
             self.ledger.revoke(log_revocations(revoked))   # their calls now fail, not later
+        self.traffic, config = reload_traffic(self.traffic, self.config, config, self.ledger, plan)
+        self.servicer.traffic = self.traffic.recorder
         self.config = config
         log.info("reload: applied %s%s", ", ".join(plan.applied) or "no changed keys",
                  f"; tokens file re-read ({len(table.grants)} tokens, {len(table.quotas)} quotas)"
@@ -396,24 +399,6 @@ class Daemon:
 
     async def wait_for_termination(self) -> None:
         await self.server.wait_for_termination()
-
-
-def _lower_tiers(config: Config, ledger: Ledger) -> list[LowerTier]:
-    """The tiers below the arena the config names, in lookup order: disk, then cluster."""
-    tiers: list[LowerTier] = []
-    dt = config.disk_tier
-    if dt.path:
-        with blame(config, "disk_tier.path", "cannot open the disk tier there", PATH_ERRNOS,
-                   path=dt.path):
-            tiers.append(DiskTier.open(ledger, path=dt.path, capacity_bytes=dt.capacity_bytes,
-                                       write_policy=dt.write_policy, owner_id=dt.owner_id,
-                                       admit_after_hits=dt.admit_after_hits,
-                                       shared_capacity_bytes=dt.shared_capacity_bytes))
-    if config.cluster_tier.url:
-        # Here: the redis client takes ~0.5 s to import, a cost only a daemon using it pays.
-        from .tiers.cluster.settings import open_cluster_tier
-        tiers.append(open_cluster_tier(config, ledger))
-    return tiers
 
 
 def create_server(config: Config,

@@ -1,8 +1,9 @@
 """What a SIGHUP reload may change while sessions go on, and what needs a restart (pure).
 
 Safe: settings read on every use (log level and format, the eviction-storm
-threshold, the GC freeze interval) and the tokens file (tokens and quotas are
-swapped in one step; sessions already registered keep going). Unsafe: anything bound or sized at
+threshold, the GC freeze interval), the tokens file (tokens and quotas are
+swapped in one step; sessions already registered keep going) and the traffic
+file (recording turned on, off or to another file: ops/traffic_file.py). Unsafe: anything bound or sized at
 start-up (listeners, TLS, the arena and its pages, the disk tier, the ledger's
 policy and limits, the admin service, message sizes). An unsafe change is
 refused and logged with the key; the safe ones in the same file still apply.
@@ -16,7 +17,7 @@ from ..config import SCHEMA, Config
 
 SAFE_KEYS = frozenset({"server.log_level", "server.log_format", "server.eviction_storm_blocks",
                        "server.grace_seconds", "server.gc_freeze_interval_seconds",
-                       "auth.tokens_file"})
+                       "auth.tokens_file", "ledger.traffic_file", "ledger.traffic_requests"})
 
 _WHY = {
     "listen": "listeners and socket permissions are set when the daemon binds",

@@ -5,14 +5,19 @@ daemon is built, so a path that cannot be written fails the start naming the
 key; lines are handed over on the reaper's tick and written by one thread
 (started with the first lines), so a slow disk or an NFS mount never stalls
 the event loop; close() writes what is still open when the daemon stops.
+A reload (SIGHUP) may turn it on, off or to another file (reload_traffic):
+turning recording on must not cost a restart, which would empty the cache
+whose traffic it records.
 """
 from __future__ import annotations
 
 import logging
 import queue
 import threading
+from dataclasses import replace
 from typing import Any, Callable, Optional, TextIO
 
+from ..config import ConfigError
 from ..ids import SessionId
 from .startfaults import PATH_ERRNOS, blame
 from .traffic import NO_TRAFFIC, TrafficRecorder
@@ -110,3 +115,30 @@ def open_traffic(config: Any, ledger: Any) -> "TrafficFile | NoTrafficFile":
     log.info("recording traffic to %s (at most %d requests; ledger.traffic_file)",
              lg.traffic_file, lg.traffic_requests)
     return out
+
+
+KEYS = ("ledger.traffic_file", "ledger.traffic_requests")
+
+
+def reload_traffic(current: "TrafficFile | NoTrafficFile", old: Any, new: Any, ledger: Any,
+                   plan: Any) -> "tuple[TrafficFile | NoTrafficFile, Any]":
+    """The traffic file after a reload from config `old` to `new`, and `new`
+    as applied: unchanged keys keep the running file; a file that cannot be
+    opened keeps it too (logged, the keys left out of plan.applied and of the
+    config). The file it replaces is closed, its open requests written, on a
+    thread of its own: the event loop goes on serving."""
+    lo, ln = old.ledger, new.ledger
+    if (lo.traffic_file, lo.traffic_requests) == (ln.traffic_file, ln.traffic_requests):
+        return current, new
+    try:
+        fresh = open_traffic(new, ledger)
+    except ConfigError as e:
+        log.error("reload: %s not changed: %s", KEYS[0], e,
+                  extra={"event": "reload_refused", "key": KEYS[0]})
+        plan.applied = [k for k in plan.applied if k not in KEYS]
+        kept = replace(ln, traffic_file=lo.traffic_file, traffic_requests=lo.traffic_requests)
+        return current, replace(new, ledger=kept)
+    threading.Thread(target=current.close, name="kvkeeper-traffic-close").start()
+    if isinstance(fresh, NoTrafficFile):
+        log.info("reload: traffic recording off")
+    return fresh, new

@@ -2,6 +2,7 @@
 policy bench replays the file: the operator's own traffic through every policy."""
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -47,3 +48,29 @@ async def test_a_conversation_recorded_by_the_daemon_replays_in_the_policy_bench
     # Room for everything at every point: the second turn hits its 6-block history.
     assert hit["policy.hit_ratio.trace.33pct.s3fifo"].value == 6 / 11
     assert hit["policy.hit_ratio.trace.33pct.s3fifo"].baseline_value == 6 / 11
+
+
+async def test_a_reload_turns_recording_on_and_off_while_the_cache_stays(
+        daemon_factory: Any, tmp_path: Any) -> None:
+    from dataclasses import replace
+
+    path = os.path.join(str(tmp_path), "traffic.jsonl")
+    d = await daemon_factory()
+    off = d.config
+    c = await AsyncClient.connect(f"unix://{d.socket_path}", ns())
+    try:
+        await c.save(keys(3, 1), [bytes(BLOCK)] * 3)      # cached before recording starts
+        d.reload(replace(off, ledger=replace(off.ledger, traffic_file=path)))
+        assert d.config.ledger.traffic_file == path
+        m = await c.match(keys(3, 1) + keys(1, 2), lease=True)
+        assert m.matched == 3                              # no restart: the cache is there
+        await c.release(m.lease_id, last_turn=True)
+        d.reload(off)                                      # off: what is open is written
+    finally:
+        await c.close()
+    deadline = asyncio.get_running_loop().time() + 10
+    while not os.path.exists(path) or not open(path).read().endswith("\n"):
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.01)
+    [r] = read_trace(path)
+    assert (len(r.keys), r.prompt_blocks, r.last_turn) == (4, 4, True)
