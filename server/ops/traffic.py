@@ -22,8 +22,9 @@ request in the trace format of server/bench/policy_trace.py:
   share no block stay apart there too).
 
 A request is written once no call touched it for `idle_s` (its saves and its
-release follow its Match within seconds), or when more than `open_max` are
-open (the oldest first; this bounds the memory: keys are held until written),
+release follow its Match within seconds), or when the requests still
+open hold more than `open_bytes` of keys (the oldest first: keys are held
+until written, 32 B a key),
 always in the order of the Matches, which is the order a replay looks them
 up. After `limit` requests recording stops: a setting left on cannot fill a
 disk. Keys are the connector's chained digests, never tokens; `ns` is a
@@ -37,24 +38,34 @@ from typing import Callable, Optional, Sequence
 from ..ids import SessionId
 
 IDLE_S = 120.0
-OPEN_MAX = 16384
+# Open requests hold their keys (32 B a key of 32 B), at most this many bytes
+# of them: 64 MiB is 8192 open requests of 256 keys.
+OPEN_BYTES = 64 << 20
 
 
 class Request:
-    """One recorded request while it is open."""
+    """One recorded request while it is open: its keys joined in one bytes
+    (half the memory of a list of them; every key has the daemon's key_bytes)."""
 
-    __slots__ = ("ns", "keys", "prompt", "touched", "last_turn", "lease")
+    __slots__ = ("ns", "data", "width", "prompt", "touched", "last_turn", "lease")
 
-    def __init__(self, ns: str, keys: list[bytes], touched: float, lease: int) -> None:
+    def __init__(self, ns: str, keys: Sequence[bytes], touched: float, lease: int) -> None:
         self.ns = ns
-        self.keys = keys
+        self.data = b"".join(keys)
+        self.width = len(keys[0])
         self.prompt = len(keys)
         self.touched = touched
         self.last_turn = False
         self.lease = lease
 
+    @property
+    def last(self) -> bytes:
+        return self.data[-self.width:]
+
     def line(self) -> str:
-        d: dict[str, object] = {"keys": [k.hex() for k in self.keys], "prompt_blocks": self.prompt}
+        h, w = self.data.hex(), 2 * self.width
+        d: dict[str, object] = {"keys": [h[i:i + w] for i in range(0, len(h), w)],
+                                "prompt_blocks": self.prompt}
         if self.last_turn:
             d["last_turn"] = True
         d["ns"] = self.ns
@@ -65,11 +76,12 @@ class TrafficRecorder:
     """Match, ReserveSave and Release as the servicer sees them, in; trace lines out (take)."""
 
     def __init__(self, namespace_of: Callable[[SessionId], Optional[str]], limit: int,
-                 idle_s: float = IDLE_S, open_max: int = OPEN_MAX) -> None:
+                 idle_s: float = IDLE_S, open_bytes: int = OPEN_BYTES) -> None:
         self.namespace_of = namespace_of
         self.limit = limit
         self.idle_s = idle_s
-        self.open_max = open_max
+        self.open_bytes = open_bytes
+        self.held = 0               # bytes of keys the open requests hold
         self.requests = 0           # recorded so far (written or open)
         self.written = 0
         self._seq = 0
@@ -89,16 +101,17 @@ class TrafficRecorder:
         if ns is None:
             return
         self.requests += 1
-        r = Request(ns, list(keys), now, lease_id or 0)
+        r = Request(ns, keys, now, lease_id or 0)
+        self.held += len(r.data)
         ends = self._ends
-        for k in r.keys[:-1]:
+        for k in keys[:-1]:
             # A request whose chain this prompt continues (a conversation's
             # previous turn) is extended no more: a save under its last key is
             # now this request's (the missed blocks of its prompt).
             ends.pop((ns, k), None)
         self._seq += 1
         self._open[self._seq] = r
-        ends[(ns, r.keys[-1])] = r
+        ends[(ns, r.last)] = r
         if r.lease:
             self._leases[r.lease] = r
         self._close(now)
@@ -119,12 +132,14 @@ class TrafficRecorder:
                 if r is not None:
                     start = i + 1
                     break
-        if r is None or any(len(k) != len(r.keys[0]) for k in keys[start:]):
+        if r is None or any(len(k) != r.width for k in keys[start:]):
             return   # nobody's, or keys the ledger refused (key_bytes is one for all)
-        del ends[(ns, r.keys[-1])]
-        r.keys.extend(keys[start:])
+        del ends[(ns, r.last)]
+        more = b"".join(keys[start:])
+        r.data += more
+        self.held += len(more)
         r.touched = now
-        ends[(ns, r.keys[-1])] = r
+        ends[(ns, r.last)] = r
 
     def released(self, lease_id: int, last_turn: bool, now: float) -> None:
         r = self._leases.pop(lease_id, None)
@@ -149,13 +164,14 @@ class TrafficRecorder:
         opened = self._open
         while opened:
             seq = next(iter(opened))
-            if len(opened) <= self.open_max and now - opened[seq].touched < self.idle_s:
+            if self.held <= self.open_bytes and now - opened[seq].touched < self.idle_s:
                 return
             self._write(seq)
 
     def _write(self, seq: int) -> None:
         r = self._open.pop(seq)
-        end = (r.ns, r.keys[-1])
+        self.held -= len(r.data)
+        end = (r.ns, r.last)
         if self._ends.get(end) is r:
             del self._ends[end]
         if r.lease and self._leases.get(r.lease) is r:

@@ -62,17 +62,20 @@ def test_a_next_turns_saves_extend_the_next_turn_not_the_one_it_continues():
 
 
 def test_lines_come_in_match_order_and_a_full_buffer_writes_its_oldest():
-    rec = recorder(open_max=2)
+    rec = recorder(open_bytes=200)      # keys of 32 B: room for 6 of them
     a, b, c = chain(b"a", 2), chain(b"b", 2), chain(b"c", 2)
     rec.match("s1", a, 1, now=0.0)
     rec.match("s1", b, 2, now=1.0)
     rec.saved("s1", chain(b"x", 1, a)[2:], a[-1], now=5.0)   # a touched last, still first out
     assert rec.take(1.0 + rec.idle_s - 0.1) == []
-    rec.match("s2", c, 3, now=2.0)                          # a third open: the oldest goes
+    assert rec.held == 5 * 32
+    rec.match("s2", c, 3, now=2.0)                          # 7 keys open: the oldest goes
     [first] = lines(rec, 2.0)
+    assert rec.held == 4 * 32
     assert first["keys"][:2] == [k.hex() for k in a] and len(first["keys"]) == 3
     rec.released(1, last_turn=True, now=3.0)                 # a is written: no effect
     assert [d["keys"][0] for d in lines(rec)] == [b[0].hex(), c[0].hex()]
+    assert rec.held == 0
     assert "last_turn" not in first
 
 
