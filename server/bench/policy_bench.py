@@ -49,9 +49,9 @@ from ..ids import HOST
 from ..ledger import Ledger, LedgerConfig, NamespaceDescriptor, TierSpec
 from ..ledger.chains import stranded
 from ..ledger.policy import DEFAULT_POLICY, POLICIES
-from .policy_blind import blind_hits, think_times
+from .policy_blind import blind_uses, think_times
 from .policy_liveness import DeadShare, last_lookups, live_prefix
-from .policy_optimum import optimum_hits
+from .policy_optimum import min_hits, next_uses
 from .policy_trace import MIXES, Request, generate, read_trace, reread_working_set
 from .registry import BenchUsageError
 from .result import Result
@@ -178,11 +178,13 @@ def run(quick: bool = False, *, log: Callable[[str], None] = lambda s: None,
         last = last_lookups(reqs)
         last_turns = sum(r.last_turn for r in reqs)
         gaps = think_times(reqs)
+        # The future MIN knows, and the one blind to ends: once per trace, not per point.
+        uses, blind_use = next_uses(reqs), blind_uses(reqs, gaps=gaps)
         log(f"policy: {mix}: {len(reqs)} requests, {sum(r.prompt_blocks for r in reqs)} "
             f"looked-up blocks, re-read working set {ws} blocks")
         for point in POINTS:
             cap = max(CHUNK * 2, int(ws * point))
-            opt_hits, asked = optimum_hits(reqs, cap)
+            opt_hits, asked = min_hits(reqs, uses, cap)
             opt = opt_hits / asked if asked else 0.0
             got: dict[str, Replay] = {}
             for name in names:
@@ -197,7 +199,7 @@ def run(quick: bool = False, *, log: Callable[[str], None] = lambda s: None,
             told = replay(reqs, cap, DEFAULT_POLICY, told=True, last=last)
             log(f"policy: {mix} {point:.0%} {DEFAULT_POLICY}, told what is read again: "
                 f"{told.ratio:.3f} (dead share {told.dead_share:.2f})")
-            blind = blind_hits(reqs, cap, gaps=gaps)[0] / asked if asked else 0.0
+            blind = min_hits(reqs, blind_use, cap)[0] / asked if asked else 0.0
             log(f"policy: {mix} {point:.0%} the optimum blind to ends (knowing think times): "
                 f"{blind:.3f}")
             label = f"{mix}.{round(point * 100)}pct"
